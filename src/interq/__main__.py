@@ -1,0 +1,3 @@
+from interq.cli import main
+
+raise SystemExit(main())
