@@ -1,0 +1,441 @@
+"""Typed, frozen run configuration: one dataclass per component, YAML presets, ``key.sub=value`` overrides.
+
+Every default is defined once, here. Batch sizes carry their unit in the name (``tasks_per_step``,
+``episodes_per_task``, ``tokens_per_microbatch``). :func:`validate` checks the whole config before any work
+starts and raises :class:`ConfigError` naming the field, the value and what is allowed.
+
+The five arms of ``interq-spec.md`` §4 are presets (``src/interq/presets/<arm>.yaml``) over these defaults:
+
+| arm | ``rollout.executor`` | ``algo.align`` | ``algo.correction`` |
+|---|---|---|---|
+| bf16 | bf16 | false | tis |
+| q-naive | w8a8 | false | none |
+| q-tis | w8a8 | false | tis |
+| q-align | w8a8 | true | tis |
+| q-interq | w8a8 | true | interq |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CORRECTIONS = ("none", "tis", "icepop", "seq_is", "geo_mask", "prefix_is", "interq", "interq_uniform")
+ADVANTAGES = ("grpo", "gigpo")
+LAYOUTS = ("concatenated", "per_turn")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
+EXECUTORS = ("bf16", "fp32", "w8a8")
+ARCHS = ("qwen3", "qwen3_moe")
+DTYPES = ("float32", "bfloat16")
+ARMS = ("bf16", "q-naive", "q-tis", "q-align", "q-interq")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field and what is accepted."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy. ``source="tiny"`` builds a small Qwen3 / Qwen3-MoE from the fields below and a tokenizer
+    trained on environment text; any other value is a checkpoint directory (safetensors + tokenizer.json),
+    or ``smollm2`` for the offline SmolLM2-135M-Instruct."""
+
+    source: str = "tiny"
+    arch: str = "qwen3"                 # qwen3 | qwen3_moe (tiny only)
+    vocab_size: int = 768               # target size of the trained tokenizer (tiny only)
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 192
+    num_experts: int = 4                # qwen3_moe only
+    num_experts_per_tok: int = 2        # qwen3_moe only
+    moe_intermediate_size: int = 96     # qwen3_moe only
+    max_position_embeddings: int = 4096
+    dtype: str = "float32"              # learner master weights and forward compute dtype
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str = "household"
+    train_split: str = "train"
+    eval_split: str = "valid_unseen"
+    num_train_tasks: int = 64           # task instances RL samples from (0: all of the split)
+    num_eval_tasks: int = 32            # held-out tasks evaluated every eval_every_steps
+    max_turns: int = 12                 # environment step limit per episode (truncation)
+    invalid_action_penalty: float = 0.1  # spec §6
+    env_kwargs: dict = field(default_factory=dict)  # extra keyword arguments for make_env
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Supervised fine-tuning on expert demonstrations. ``noise`` (share of random admissible actions in
+    the demos), ``num_demos`` and ``steps`` set how good the starting policy is (RL needs room)."""
+
+    enabled: bool = True
+    num_demos: int = 256
+    noise: float = 0.2
+    steps: int = 300
+    lr: float = 3e-3
+    episodes_per_microbatch: int = 16
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    executor: str = "bf16"              # bf16 | fp32 | w8a8 (the behaviour policy's numerics)
+    weight_format: str = "int8"         # w8a8 only: passed to interq.quant.QuantConfig
+    kv_format: str = "int8_per_token_head"  # w8a8 only
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_action_tokens: int = 12
+    max_context_tokens: int = 2048      # reaching it truncates the episode
+    history_turns: int = 0              # prompt window for per_turn layout (0: whole history re-rendered)
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    correction: str = "tis"
+    align: bool = False                 # learner forward quantized like the executor (STE)
+    layout: str = "concatenated"        # concatenated (one row per episode) | per_turn (one row per turn)
+    advantage: str = "grpo"
+    grpo_std: bool = True
+    gigpo_gamma: float = 0.95
+    gigpo_omega: float = 1.0
+    budget: float = 0.5                 # InterQ displacement budget B (nats)
+    tis_cap: float = 2.0
+    icepop_low: float = 0.5
+    icepop_high: float = 2.0
+    geo_low: float = 0.9
+    geo_high: float = 1.1
+    prefix_cap: float = 2.0
+    normalize: bool = False
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    loss_agg: str = "token_mean"
+    ppo_epochs: int = 1
+    minibatches_per_step: int = 1
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 20
+    tasks_per_step: int = 4
+    episodes_per_task: int = 4          # GRPO group size G
+    tokens_per_microbatch: int = 4096   # gradient accumulation unit (rows packed up to this many tokens)
+    eval_every_steps: int = 5
+    eval_episodes_per_task: int = 1
+    eval_temperature: float = 1.0
+    checkpoint_every_steps: int = 5
+    seed: int = 0
+    threads: int = 0                    # torch.set_num_threads (0: leave alone)
+    progress: bool = True
+    tensorboard: bool = False
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# ----------------------------------------------------------------------------------------------------
+# dict <-> dataclass
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _coerce(path: str, value: Any, tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, str) and value.lower() in ("inf", ".inf"):
+                return math.inf
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return value
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if is_dataclass(tp):
+        return from_dict(tp, value, prefix=path)
+    return value
+
+
+def from_dict(cls: type, data: dict | None, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a (possibly partial) nested dict; unknown keys are rejected."""
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        where = prefix or "config"
+        raise ConfigError(f"{where}: unknown field(s) {unknown}; accepted: {names}")
+    kwargs = {k: _coerce(f"{prefix}.{k}" if prefix else k, v, hints[k]) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "env_kwargs":
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["algo.correction=interq", "train.steps=3"]`` -> nested dict; values parsed as YAML scalars."""
+    out: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key.sub=value, e.g. train.steps=10")
+        key, raw = item.split("=", 1)
+        key = key.strip().lstrip("-")
+        if not key:
+            raise ConfigError(f"override {item!r}: empty key")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p} is both a value and a section")
+        node[parts[-1]] = value
+    return out
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("interq.presets").iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset(name: str) -> dict:
+    """The preset's nested dict (resolving ``base:`` chains). ``name`` is a preset name or a YAML path."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        text = path.read_text()
+    else:
+        res = resources.files("interq.presets") / f"{name}.yaml"
+        if not res.is_file():
+            raise ConfigError(f"preset: unknown preset {name!r}; accepted: {preset_names()} or a path to a .yaml file")
+        text = res.read_text()
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"preset {name!r}: expected a mapping at the top level")
+    base = data.pop("base", None)
+    if base:
+        data = _deep_merge(load_preset(base), data)
+    return data
+
+
+def build_config(preset: str | None = None, overrides: list[str] | None = None, extra: dict | None = None) -> RunConfig:
+    """Preset (optional) <- ``extra`` dict <- command-line overrides; validated."""
+    data: dict = load_preset(preset) if preset else {}
+    if extra:
+        data = _deep_merge(data, extra)
+    if overrides:
+        data = _deep_merge(data, parse_overrides(overrides))
+    cfg = from_dict(RunConfig, data)
+    validate(cfg)
+    return cfg
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def load_config(path: str | Path) -> RunConfig:
+    cfg = from_dict(RunConfig, yaml.safe_load(Path(path).read_text()))
+    validate(cfg)
+    return cfg
+
+
+def with_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    cfg = from_dict(RunConfig, _deep_merge(to_dict(cfg), parse_overrides(overrides)))
+    validate(cfg)
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------------
+# validation
+
+
+def _one_of(path: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{path}={value!r} is not accepted; choose one of {list(allowed)}")
+
+
+def _positive(path: str, value: float, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or (isinstance(value, float) and math.isnan(value)):
+        raise ConfigError(f"{path}={value!r} is not accepted; it must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _in_range(path: str, value: float, lo: float, hi: float) -> None:
+    if not (lo <= value <= hi):
+        raise ConfigError(f"{path}={value!r} is not accepted; it must be in [{lo}, {hi}]")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Raise ConfigError on the first invalid field (before any work starts)."""
+    m = cfg.model
+    if m.source == "tiny":
+        _one_of("model.arch", m.arch, ARCHS)
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "max_position_embeddings"):
+            _positive(f"model.{name}", getattr(m, name))
+        if m.vocab_size < 64:
+            raise ConfigError(f"model.vocab_size={m.vocab_size} is not accepted; it must be >= 64")
+        if m.num_heads % m.num_kv_heads:
+            raise ConfigError(f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads}")
+        if m.arch == "qwen3_moe":
+            _positive("model.num_experts", m.num_experts)
+            _positive("model.moe_intermediate_size", m.moe_intermediate_size)
+            if not 1 <= m.num_experts_per_tok <= m.num_experts:
+                raise ConfigError(f"model.num_experts_per_tok={m.num_experts_per_tok} must be in [1, model.num_experts={m.num_experts}]")
+    elif m.source != "smollm2" and not Path(m.source).is_dir():
+        raise ConfigError(f"model.source={m.source!r} is not accepted; use 'tiny', 'smollm2' or an existing checkpoint directory")
+    _one_of("model.dtype", m.dtype, DTYPES)
+
+    e = cfg.env
+    if not e.name:
+        raise ConfigError("env.name must not be empty (e.g. household)")
+    _positive("env.num_train_tasks", e.num_train_tasks, allow_zero=True)
+    _positive("env.num_eval_tasks", e.num_eval_tasks, allow_zero=True)
+    _positive("env.max_turns", e.max_turns)
+    _positive("env.invalid_action_penalty", e.invalid_action_penalty, allow_zero=True)
+
+    w = cfg.warm_start
+    _positive("warm_start.num_demos", w.num_demos, allow_zero=not w.enabled)
+    _in_range("warm_start.noise", w.noise, 0.0, 1.0)
+    _positive("warm_start.steps", w.steps, allow_zero=True)
+    _positive("warm_start.lr", w.lr)
+    _positive("warm_start.episodes_per_microbatch", w.episodes_per_microbatch)
+
+    r = cfg.rollout
+    _one_of("rollout.executor", r.executor, EXECUTORS)
+    _one_of("rollout.weight_format", r.weight_format, ("int8", "fp8_e4m3"))
+    _one_of("rollout.kv_format", r.kv_format, ("none", "int8_per_token_head", "fp8_per_token_head", "fp8_tensor"))
+    _positive("rollout.temperature", r.temperature)
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={r.top_p!r} is not accepted; it must be in (0, 1]")
+    _positive("rollout.max_action_tokens", r.max_action_tokens)
+    _positive("rollout.max_context_tokens", r.max_context_tokens)
+    _positive("rollout.history_turns", r.history_turns, allow_zero=True)
+    if r.max_context_tokens <= r.max_action_tokens:
+        raise ConfigError(f"rollout.max_context_tokens={r.max_context_tokens} must exceed rollout.max_action_tokens={r.max_action_tokens}")
+
+    a = cfg.algo
+    _one_of("algo.correction", a.correction, CORRECTIONS)
+    _one_of("algo.layout", a.layout, LAYOUTS)
+    _one_of("algo.advantage", a.advantage, ADVANTAGES)
+    _one_of("algo.loss_agg", a.loss_agg, LOSS_AGGS)
+    _positive("algo.budget", a.budget, allow_zero=True)
+    _positive("algo.tis_cap", a.tis_cap)
+    _positive("algo.prefix_cap", a.prefix_cap)
+    _in_range("algo.gigpo_gamma", a.gigpo_gamma, 0.0, 1.0)
+    _positive("algo.gigpo_omega", a.gigpo_omega, allow_zero=True)
+    for lo, hi in (("icepop_low", "icepop_high"), ("geo_low", "geo_high")):
+        if not 0 < getattr(a, lo) <= getattr(a, hi):
+            raise ConfigError(f"algo.{lo}={getattr(a, lo)} and algo.{hi}={getattr(a, hi)}: need 0 < low <= high")
+    _in_range("algo.clip_eps_low", a.clip_eps_low, 0.0, 1.0)
+    _positive("algo.clip_eps_high", a.clip_eps_high, allow_zero=True)
+    _positive("algo.ppo_epochs", a.ppo_epochs)
+    _positive("algo.minibatches_per_step", a.minibatches_per_step)
+    if a.align and r.executor != "w8a8":
+        raise ConfigError(f"algo.align=true needs rollout.executor='w8a8' (got {r.executor!r}): alignment quantizes the learner like the executor")
+
+    o = cfg.optim
+    _positive("optim.lr", o.lr)
+    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
+    _in_range("optim.beta1", o.beta1, 0.0, 0.999999)
+    _in_range("optim.beta2", o.beta2, 0.0, 0.999999)
+    _positive("optim.grad_clip", o.grad_clip, allow_zero=True)
+
+    t = cfg.train
+    _positive("train.steps", t.steps, allow_zero=True)
+    _positive("train.tasks_per_step", t.tasks_per_step)
+    _positive("train.episodes_per_task", t.episodes_per_task)
+    if a.advantage in ("grpo", "gigpo") and t.episodes_per_task < 2:
+        raise ConfigError(f"train.episodes_per_task={t.episodes_per_task} is not accepted with algo.advantage={a.advantage!r}: a group needs >= 2 episodes")
+    _positive("train.tokens_per_microbatch", t.tokens_per_microbatch)
+    if t.tokens_per_microbatch < r.max_context_tokens and a.layout == "concatenated":
+        pass  # a longer row simply forms its own micro-batch
+    _positive("train.eval_every_steps", t.eval_every_steps, allow_zero=True)
+    _positive("train.eval_episodes_per_task", t.eval_episodes_per_task)
+    _positive("train.eval_temperature", t.eval_temperature)
+    _positive("train.checkpoint_every_steps", t.checkpoint_every_steps, allow_zero=True)
+    _positive("train.threads", t.threads, allow_zero=True)
+    episodes = t.tasks_per_step * t.episodes_per_task
+    if a.minibatches_per_step > episodes:
+        raise ConfigError(f"algo.minibatches_per_step={a.minibatches_per_step} exceeds the episodes per step "
+                          f"(train.tasks_per_step x train.episodes_per_task = {episodes})")
+
+
+def describe(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted name, type, default) of every field: the text of ``interq train --help-config``."""
+    out = []
+    default = cls()
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        name = f"{prefix}{f.name}"
+        val = getattr(default, f.name)
+        if is_dataclass(val):
+            out.extend(describe(type(val), name + "."))
+        else:
+            tp = hints[f.name]
+            out.append((name, getattr(tp, "__name__", str(tp)), val))
+    return out
+
+
+__all__ = [
+    "ARMS", "AlgoConfig", "ConfigError", "EnvConfig", "ModelConfig", "OptimConfig", "RolloutConfig",
+    "RunConfig", "TrainConfig", "WarmStartConfig", "build_config", "describe", "from_dict", "load_config",
+    "load_preset", "parse_overrides", "preset_names", "replace", "save_config", "to_dict", "validate",
+    "with_overrides",
+]

@@ -1,0 +1,94 @@
+"""Run configuration: presets for the five arms, overrides, validation before any work."""
+
+import math
+
+import pytest
+
+from interq.train.config import (
+    ARMS, ConfigError, RunConfig, build_config, describe, load_config, parse_overrides, preset_names, save_config,
+    with_overrides,
+)
+
+SPEC_ARMS = {  # interq-spec.md §4
+    "bf16": ("bf16", False, "tis"),
+    "q-naive": ("w8a8", False, "none"),
+    "q-tis": ("w8a8", False, "tis"),
+    "q-align": ("w8a8", True, "tis"),
+    "q-interq": ("w8a8", True, "interq"),
+}
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_arm_presets_match_spec_table(arm):
+    cfg = build_config(arm)
+    assert (cfg.rollout.executor, cfg.algo.align, cfg.algo.correction) == SPEC_ARMS[arm]
+    assert cfg.name == arm
+    assert arm in preset_names()
+
+
+def test_quantized_arms_share_executor_config():
+    qs = [build_config(a).rollout for a in ARMS if a != "bf16"]
+    assert len({(r.weight_format, r.kv_format) for r in qs}) == 1
+
+
+def test_overrides_parse_yaml_scalars_and_nest():
+    assert parse_overrides(["train.steps=3", "algo.budget=inf", "algo.align=true", "name=x"]) == {
+        "train": {"steps": 3}, "algo": {"budget": "inf", "align": True}, "name": "x"}
+    assert build_config("q-interq", ["algo.budget=inf"]).algo.budget == math.inf
+    cfg = build_config("q-interq", ["train.steps=3", "algo.budget=0.25", "algo.layout=per_turn", "algo.advantage=gigpo"])
+    assert (cfg.train.steps, cfg.algo.budget, cfg.algo.layout, cfg.algo.advantage) == (3, 0.25, "per_turn", "gigpo")
+    assert build_config("bf16", ["optim.lr=1"]).optim.lr == 1.0  # int accepted for a float field
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("algo.correction=magic", "algo.correction='magic' is not accepted; choose one of"),
+    ("algo.layout=rows", "algo.layout"),
+    ("algo.advantage=ppo", "algo.advantage"),
+    ("train.episodes_per_task=1", "train.episodes_per_task"),
+    ("train.tasks_per_step=0", "train.tasks_per_step"),
+    ("train.steps=-1", "train.steps"),
+    ("train.steps=many", "train.steps: expected an integer"),
+    ("algo.align=maybe", "algo.align: expected true or false"),
+    ("rollout.top_p=1.5", "rollout.top_p"),
+    ("rollout.executor=int4", "rollout.executor"),
+    ("warm_start.noise=2", "warm_start.noise"),
+    ("model.arch=llama", "model.arch"),
+    ("model.num_kv_heads=3", "model.num_kv_heads"),
+    ("model.source=/nonexistent/dir", "model.source"),
+    ("algo.icepop_low=3", "algo.icepop_low"),
+    ("algo.budget=-0.1", "algo.budget"),
+    ("algo.minibatches_per_step=1000", "algo.minibatches_per_step"),
+    ("algo.colour=red", "unknown field(s) ['colour']"),
+    ("nosuchsection.x=1", "unknown field(s) ['nosuchsection']"),
+])
+def test_invalid_values_are_rejected_naming_the_field(override, needle):
+    with pytest.raises(ConfigError) as e:
+        build_config("q-interq", [override])
+    assert needle in str(e.value)
+
+
+def test_align_requires_quantized_executor():
+    with pytest.raises(ConfigError, match="algo.align=true needs rollout.executor='w8a8'"):
+        build_config("bf16", ["algo.align=true"])
+
+
+def test_unknown_preset_and_bad_override_syntax():
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; accepted"):
+        build_config("nope")
+    with pytest.raises(ConfigError, match="expected key.sub=value"):
+        build_config("bf16", ["train.steps"])
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = build_config("q-interq", ["train.steps=7", "algo.budget=inf"])
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+    assert with_overrides(cfg, ["train.steps=8"]).train.steps == 8
+
+
+def test_configs_are_frozen_and_documented():
+    cfg = RunConfig()
+    with pytest.raises(Exception):
+        cfg.train.steps = 5  # type: ignore[misc]
+    names = [n for n, _, _ in describe()]
+    assert "train.tasks_per_step" in names and "train.tokens_per_microbatch" in names
