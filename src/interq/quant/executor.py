@@ -1,0 +1,129 @@
+"""Executor conversion and weight sync (quant-spec.md "What stays in high precision", "Weight sync").
+
+``make_executor(model, qcfg)`` returns a NEW module (a deep copy; the learner is untouched) of the same
+transformers class, so it keeps the Hugging Face forward signature and ``generate``. Every ``nn.Linear``
+inside a decoder layer (``...layers.<i>....``) becomes a ``QuantLinear`` and every fused 3-D experts
+module a ``QuantExperts``; embeddings, ``lm_head``, norms (incl. ``q_norm`` / ``k_norm``), rotary and the
+MoE router stay in high precision, as do linears whose name ends with one of ``qcfg.exclude``.
+
+When ``qcfg.kv_format != 'none'`` and a forward is called without a cache, a fresh 8-bit cache from
+``make_kv_cache`` is put in, so even a one-shot prefill attends over quantized K/V. ``generate`` creates
+its own ``DynamicCache``: pass ``past_key_values=make_kv_cache(qcfg, executor.config)`` to it.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+
+import torch
+from torch import nn
+
+from interq.quant import primitives as P
+from interq.quant.config import QuantConfig
+from interq.quant.kv_cache import make_kv_cache
+from interq.quant.linear import QuantExperts, QuantLinear, is_fused_experts
+
+_DECODER = re.compile(r"(^|\.)layers\.\d+\.")
+# Fused modules of vLLM (QKVParallelLinear, MergedColumnParallelLinear): one per-tensor scale over the group.
+_FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
+def _excluded(name: str, qcfg: QuantConfig) -> bool:
+    return any(name == s or name.endswith("." + s) for s in qcfg.exclude)
+
+
+def quantized_targets(model: nn.Module, qcfg: QuantConfig) -> tuple[dict[str, nn.Linear], dict[str, nn.Module]]:
+    """(linears, experts) that the executor quantizes, by qualified name (the module policy of the spec)."""
+    linears, experts = {}, {}
+    for name, mod in model.named_modules():
+        if not _DECODER.search(name + ".") or _excluded(name, qcfg):
+            continue
+        if isinstance(mod, nn.Linear):
+            linears[name] = mod
+        elif is_fused_experts(mod):
+            experts[name] = mod
+    return linears, experts
+
+
+def fused_group(name: str) -> str:
+    parent, _, leaf = name.rpartition(".")
+    return f"{parent}.{_FUSED.get(leaf, leaf)}"
+
+
+def group_amaxes(linears: dict[str, nn.Linear], qcfg: QuantConfig) -> dict[str, torch.Tensor | None]:
+    """Per-tensor scales are shared over a fused q|k|v or gate|up group (the max of the members' amax);
+    other granularities use each module's own amax (None)."""
+    if qcfg.w_granularity != "tensor":
+        return {n: None for n in linears}
+    groups: dict[str, torch.Tensor] = {}
+    for n, m in linears.items():
+        a = P.weight_amax(m.weight, qcfg)  # [1, 1]
+        g = fused_group(n)
+        groups[g] = a if g not in groups else torch.maximum(groups[g], a)
+    return {n: groups[fused_group(n)] for n in linears}
+
+
+def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, new)
+
+
+def _inject_cache_hook(module: nn.Module, args, kwargs):
+    qcfg = module.interq_qcfg
+    if qcfg.quantizes_kv and kwargs.get("cache") is None and kwargs.get("past_key_values") is None:
+        kwargs.pop("past_key_values", None)
+        kwargs["cache"] = make_kv_cache(qcfg, module.config)
+    return args, kwargs
+
+
+def make_executor(model: nn.Module, qcfg: QuantConfig | None = None) -> nn.Module:
+    """A W8A8(-KV8) executor converted from ``model`` (a transformers causal LM); see the module docstring.
+    The executor is in eval mode with no trainable parameters; ``executor.interq_qcfg`` is its config."""
+    qcfg = QuantConfig() if qcfg is None else qcfg
+    if not isinstance(qcfg, QuantConfig):
+        raise TypeError(f"make_executor: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
+    exe = copy.deepcopy(model)
+    exe.eval()
+    exe.requires_grad_(False)
+    if qcfg.quantizes_weights:
+        linears, experts = quantized_targets(exe, qcfg)
+        if not linears and not experts:
+            raise ValueError(f"make_executor: no linear inside a decoder layer ('layers.<i>.') found in "
+                             f"{type(model).__name__}; nothing to quantize")
+        amaxes = group_amaxes(linears, qcfg)
+        for name, lin in linears.items():
+            _set_module(exe, name, QuantLinear(lin, qcfg, amaxes[name]))
+        for name, ex in experts.items():
+            _set_module(exe, name, QuantExperts(ex, qcfg))
+    exe.interq_qcfg = qcfg
+    exe.register_forward_pre_hook(_inject_cache_hook, with_kwargs=True)
+    return exe
+
+
+@torch.no_grad()
+def sync_weights(learner: nn.Module, executor: nn.Module) -> float:
+    """Re-quantize the learner's current weights into the executor (scales recomputed; copied into the
+    existing storage) and copy the high-precision parameters. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    qcfg: QuantConfig = executor.interq_qcfg
+    src = dict(learner.named_modules())
+    if qcfg.quantizes_weights:
+        linears, _ = quantized_targets(learner, qcfg)
+        amaxes = group_amaxes(linears, qcfg)
+    for name, mod in executor.named_modules():
+        if isinstance(mod, QuantLinear):
+            lin = src.get(name)
+            if lin is None:
+                raise KeyError(f"sync_weights: learner has no module {name!r} (was the executor built from it?)")
+            mod.requantize(lin.weight, lin.bias, amaxes[name])
+        elif isinstance(mod, QuantExperts):
+            mod.requantize(src[name])
+    learner_params = dict(learner.named_parameters())
+    for name, p in executor.named_parameters():
+        lp = learner_params.get(name)
+        if lp is None:
+            raise KeyError(f"sync_weights: learner has no parameter {name!r}")
+        p.copy_(lp)
+    return time.perf_counter() - t0

@@ -1,0 +1,155 @@
+"""An 8-bit KV cache on transformers' cache API (quant-spec.md "KV cache").
+
+Each token's K (after RoPE, and after ``k_norm`` where the model has one) and V are quantized exactly
+once, when ``update`` writes them (prefill and every decode step), and the whole cache is dequantized to
+the compute dtype on read. Prefill attention therefore also reads the quantized K/V of the new tokens
+(one behaviour, chosen and documented: it is what a dequantizing FlashInfer/Triton backend does once the
+tokens are in the paged cache, and what the aligned learner forward mirrors).
+
+The cache supports the row operations of ``DynamicCache`` (``batch_select_indices``, ``reorder_cache``,
+``batch_repeat_interleave``, ``crop``, ``reset``), so a rollout engine can drop finished sessions.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from interq.quant import primitives as P
+from interq.quant.config import QuantConfig
+
+
+class QuantKVLayer(DynamicLayer):
+    """One layer: codes in ``self.keys`` / ``self.values`` ([B, H, T, D], int8 or e4m3), fp32 scales in
+    ``self.key_scales`` / ``self.value_scales`` ([B, H, T, 1], or [] for ``fp8_tensor``)."""
+
+    def __init__(self, qcfg: QuantConfig, **kwargs):
+        super().__init__(**kwargs)
+        if not qcfg.quantizes_kv:
+            raise ValueError("QuantKVLayer needs QuantConfig.kv_format != 'none'")
+        self.qcfg = qcfg
+        self.per_token = qcfg.kv_format != "fp8_tensor"
+        self.key_scales: torch.Tensor | None = None
+        self.value_scales: torch.Tensor | None = None
+        self.compute_dtype: torch.dtype | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.compute_dtype = key_states.dtype
+        code = torch.int8 if self.qcfg.kv_format == "int8_per_token_head" else torch.float8_e4m3fn
+        b, h, _, d = key_states.shape
+        hv, dv = value_states.shape[1], value_states.shape[-1]
+        self.keys = torch.empty(b, h, 0, d, dtype=code, device=self.device)
+        self.values = torch.empty(b, hv, 0, dv, dtype=code, device=self.device)
+        if self.per_token:
+            self.key_scales = torch.empty(b, h, 0, 1, dtype=torch.float32, device=self.device)
+            self.value_scales = torch.empty(b, hv, 0, 1, dtype=torch.float32, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write key/value states [B, H, T_new, D] (quantized once, here); return the dequantized cache."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        kq, ks = P.quant_kv(key_states, self.qcfg)  # [B, H, T_new, D], [B, H, T_new, 1] | []
+        vq, vs = P.quant_kv(value_states, self.qcfg)
+        self.keys = torch.cat([self.keys, kq], dim=-2)  # [B, H, T, D]
+        self.values = torch.cat([self.values, vq], dim=-2)
+        if self.per_token:
+            self.key_scales = torch.cat([self.key_scales, ks], dim=-2)  # [B, H, T, 1]
+            self.value_scales = torch.cat([self.value_scales, vs], dim=-2)
+        else:
+            self.key_scales, self.value_scales = ks, vs
+        dtype = key_states.dtype
+        return (P.dequant_kv(self.keys, self.key_scales, dtype),
+                P.dequant_kv(self.values, self.value_scales, dtype))
+
+    def reset(self) -> None:
+        self.key_scales = self.value_scales = None
+        super().reset()
+
+    def _rows(self, fn) -> None:
+        if self.get_seq_length() > 0:
+            self.keys, self.values = fn(self.keys), fn(self.values)
+            if self.per_token:
+                self.key_scales, self.value_scales = fn(self.key_scales), fn(self.value_scales)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove, as DynamicCache")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return
+        n = abs(tokens_to_remove)
+        self.keys, self.values = self.keys[..., :-n, :], self.values[..., :-n, :]
+        if self.per_token:
+            self.key_scales, self.value_scales = self.key_scales[..., :-n, :], self.value_scales[..., :-n, :]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._rows(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._rows(lambda t: t[indices, ...])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def offload(self):
+        raise NotImplementedError("QuantKVLayer does not support offloading")
+
+    def nbytes(self) -> int:
+        """Bytes held: codes plus scales."""
+        if not self.is_initialized:
+            return 0
+        n = self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        if self.per_token:
+            n += self.key_scales.numel() * 4 + self.value_scales.numel() * 4
+        else:
+            n += 8  # two fp32 scalars per layer
+        return n
+
+
+class QuantKVCache(Cache):
+    """A transformers ``Cache`` of ``QuantKVLayer`` (one per decoder layer)."""
+
+    def __init__(self, qcfg: QuantConfig, num_layers: int):
+        super().__init__(layers=[QuantKVLayer(qcfg) for _ in range(num_layers)])
+        self.qcfg = qcfg
+
+    def bytes_per_token(self) -> float:
+        return kv_bytes_per_token(self)
+
+
+def _layer_nbytes(layer) -> int:
+    if hasattr(layer, "nbytes") and callable(layer.nbytes):
+        return layer.nbytes()
+    if not getattr(layer, "is_initialized", False) or layer.keys is None:
+        return 0
+    return layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+
+
+def kv_bytes_per_token(cache: Cache) -> float:
+    """KV bytes stored per token of one sequence, summed over layers (codes + scales); works for a
+    ``QuantKVCache`` and a plain ``DynamicCache`` (bf16: 2 bytes x 2 x H x D per layer)."""
+    total, tokens = 0, 0
+    for layer in cache.layers:
+        total += _layer_nbytes(layer)
+        if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel() and not tokens:
+            tokens = layer.keys.shape[0] * layer.keys.shape[-2]  # batch x seq
+    if tokens == 0:
+        raise ValueError("kv_bytes_per_token: the cache holds no tokens yet")
+    return total / tokens
+
+
+def make_kv_cache(qcfg: QuantConfig, model_config) -> Cache:
+    """A fresh cache for one batch of sequences: ``QuantKVCache`` for an 8-bit ``kv_format``, a plain
+    ``DynamicCache`` for ``kv_format='none'``. Pass it as ``past_key_values`` / ``cache``."""
+    if not isinstance(qcfg, QuantConfig):
+        raise TypeError(f"make_kv_cache: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
+    if not qcfg.quantizes_kv:
+        return DynamicCache(config=model_config)
+    text = model_config.get_text_config(decoder=True) if hasattr(model_config, "get_text_config") else model_config
+    layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    bad = sorted({t for t in layer_types if t != "full_attention"})
+    if bad:
+        raise NotImplementedError(f"make_kv_cache: layer types {bad} are not supported by the 8-bit KV cache "
+                                  "(accepted: 'full_attention')")
+    return QuantKVCache(qcfg, len(layer_types))

@@ -1,0 +1,203 @@
+"""The executor's quantized GEMMs (quant-spec.md "GEMMs") and the modules that hold quantized weights.
+
+- int8: ``acc = torch._int_mm(q_act[M, K], q_wT[K, N])`` (exact int32), then the CUTLASS epilogue
+  ``y = s_a * (s_w * float(acc))`` in fp32 (bias by one fused multiply-add, emulated in float64), cast to
+  the compute dtype. Shapes ``_int_mm`` cannot take (K or N not a multiple of 8, or M <= 16 on CUDA) are
+  zero-padded, which is exact; never a float fallback.
+- fp8 e4m3: operands cast to e4m3 after clamping, products summed in float64 (exact for these K: order
+  and batch invariant), scales applied in the same order. Hopper's FastAccum fp8 GEMM accumulates in
+  reduced precision (~1e-3 relative): that is a documented tolerance, not reproduced.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from interq.quant import primitives as P
+from interq.quant.config import QuantConfig
+
+
+def int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact int8 x int8 -> int32 GEMM through ``torch._int_mm``; a: [M, K], b: [K, N] -> [M, N].
+    Zero-pads K and N to multiples of 8 and M above 16 on CUDA (zeros add nothing: still exact)."""
+    if a.dtype != torch.int8 or b.dtype != torch.int8:
+        raise TypeError(f"int_mm_padded needs int8 operands, got {a.dtype} and {b.dtype}")
+    m, k = a.shape
+    k2, n = b.shape
+    if k != k2:
+        raise ValueError(f"int_mm_padded: inner dimensions differ ({k} vs {k2})")
+    pk, pn = (-k) % 8, (-n) % 8
+    pm = (17 - m) if (a.is_cuda and m <= 16) else 0
+    if pk or pm:
+        a = nn.functional.pad(a, (0, pk, 0, pm))
+    if pk or pn:
+        b = nn.functional.pad(b, (0, pn, 0, pk))
+    out = torch._int_mm(a.contiguous(), b)  # [M', N'] int32
+    return out[:m, :n] if (pm or pn) else out
+
+
+def epilogue(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+             out_dtype: torch.dtype) -> torch.Tensor:
+    """CUTLASS ScaledEpilogue(Bias): ``out(s_a * (s_w * acc))`` or ``out(fma(s_a, s_w * acc, bias))``.
+    acc fp32 [M, N]; s_a [M, 1]; s_w [N] or []; bias [N] (rounded to out_dtype first, as the kernel reads it)."""
+    t = s_w * acc  # [M, N] fp32: Compute0 = ScaleB * Accum
+    if bias is None:
+        y = s_a * t  # Compute1 = ScaleA * Compute0
+    else:  # fma with one rounding; float64 then fp32 equals it up to rare double rounding
+        y = (s_a.double() * t.double() + bias.to(out_dtype).double()).float()
+    return y.to(out_dtype)
+
+
+def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int, bias: torch.Tensor | None,
+                rounding: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """x2 [M, K] float, wq_t int8 [Kp, Np] (padded, transposed), s_w fp32 [N] or [] -> [M, N] out_dtype."""
+    q, s_a = P.quant_act_int8_token(x2, rounding)  # [M, K] int8, [M, 1] fp32
+    acc = int_mm_padded(q, wq_t)[:, :n_out].float()  # [M, N] exact int32 -> fp32 (RNE above 2^24)
+    return epilogue(acc, s_a, s_w, bias, out_dtype)
+
+
+def fp8_linear(x2: torch.Tensor, wq: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+               a_granularity: str, w_granularity: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """x2 [M, K] float; wq e4m3 [N, K]; s_w [] / [N] / [nb, kb] -> [M, N] out_dtype, float64 accumulation."""
+    n, k = wq.shape
+    if w_granularity == "block128":
+        # per K-block promotion (Triton w8a8_block_fp8_matmul): acc += dot(qa_blk, qw_blk) * a_s * w_s, fp32
+        qa, s_a = P.quant_act_fp8_group(x2)  # [M, Kp] e4m3, [M, G]
+        wp = P._pad_last2(wq.float(), P.BLOCK)  # [Np, Kp]
+        g = qa.shape[-1] // P.BLOCK
+        part = torch.einsum("mgb,ngb->mng", qa.double().unflatten(-1, (g, P.BLOCK)),
+                            wp.double().unflatten(-1, (g, P.BLOCK))).float()  # [M, Np, G] exact per block
+        s_wn = s_w.repeat_interleave(P.BLOCK, dim=0)  # [Np, G]
+        acc = (part * s_a[:, None, :] * s_wn[None, :, :]).sum(-1)[:, :n]  # [M, N] fp32
+        y = acc if bias is None else (acc.double() + bias.to(out_dtype).double()).float()
+        return y.to(out_dtype)
+    if a_granularity != "token":
+        raise ValueError(f"QuantConfig.a_granularity={a_granularity!r} needs w_granularity='block128'; accepted: 'token'")
+    qa, s_a = P.quant_act_fp8_token(x2)  # [M, K] e4m3, [M, 1]
+    acc = (qa.double() @ wq.double().t()).float()  # [M, N]: exact sum of e4m3 products, then fp32
+    sw = s_w.reshape(-1) if s_w.numel() > 1 else s_w.reshape(())  # [N] or []
+    return epilogue(acc, s_a, sw, bias, out_dtype)
+
+
+def _pack(w: torch.Tensor, qcfg: QuantConfig, amax: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a [..., N, K] weight into the executor's storage: int8 -> transposed, padded [..., Kp, Np]
+    and scale [..., N] / [..., 1]; fp8 -> e4m3 [..., N, K] and its scale."""
+    q, s = P.quant_weight(w, qcfg, amax)
+    if qcfg.w_format == "int8":
+        q_t = P._pad_last2(q, 8).transpose(-1, -2).contiguous()  # [..., Kp, Np]
+        return q_t, s.squeeze(-1)  # s: [..., N] (channel) or [..., 1] (tensor)
+    return q.contiguous(), s
+
+
+class QuantLinear(nn.Module):
+    """A W8A8 ``nn.Linear`` replacement: weights quantized once per sync, activations per forward."""
+
+    def __init__(self, linear: nn.Linear, qcfg: QuantConfig, amax: torch.Tensor | None = None):
+        super().__init__()
+        if not qcfg.quantizes_weights:
+            raise ValueError("QuantLinear needs QuantConfig.w_format in ('int8', 'fp8_e4m3')")
+        self.qcfg = qcfg
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, s = _pack(linear.weight, qcfg, amax)
+        self.register_buffer("weight_q", q)
+        self.register_buffer("weight_scale", s)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.register_buffer("bias", bias)
+
+    @torch.no_grad()
+    def requantize(self, weight: torch.Tensor, bias: torch.Tensor | None = None, amax: torch.Tensor | None = None):
+        """Weight sync: recompute scales from ``weight`` and copy into the existing storage."""
+        q, s = _pack(weight, self.qcfg, amax)
+        self.weight_q.copy_(q)
+        self.weight_scale.copy_(s)
+        if bias is not None and self.bias is not None:
+            self.bias.copy_(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        if self.qcfg.w_format == "int8":
+            y = int8_linear(x2, self.weight_q, self.weight_scale, self.out_features, self.bias,
+                            self.qcfg.a_int8_rounding, x.dtype)
+        else:
+            y = fp8_linear(x2, self.weight_q, self.weight_scale, self.bias, self.qcfg.a_granularity,
+                           self.qcfg.w_granularity, x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)  # [..., N]
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, w={self.qcfg.w_format}/"
+                f"{self.qcfg.w_granularity}, bias={self.bias is not None}")
+
+
+def is_fused_experts(module: nn.Module) -> bool:
+    """transformers 5.x MoE experts stored as fused 3-D parameters (Qwen3-MoE, Qwen2-MoE, Mixtral...):
+    ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I], called as (hidden, top_k_index, top_k_weights)."""
+    gu, dn = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return isinstance(gu, nn.Parameter) and isinstance(dn, nn.Parameter) and gu.dim() == 3 and dn.dim() == 3
+
+
+def check_experts_layout(module: nn.Module) -> None:
+    for attr, ok in (("has_bias", False), ("is_transposed", False), ("is_concatenated", True), ("has_gate", True)):
+        if getattr(module, attr, ok) != ok:
+            raise NotImplementedError(
+                f"{type(module).__name__}: experts with {attr}={getattr(module, attr)} are not supported "
+                f"(supported: {attr}={ok}, the Qwen3-MoE layout)")
+
+
+def experts_loop(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_experts: int,
+                 act_fn, gate_up, down) -> torch.Tensor:
+    """The eager transformers experts loop with the per-expert GEMMs given as callables
+    ``gate_up(e, x) -> [n, 2I]`` and ``down(e, h) -> [n, H]``. hidden [T, H], top_k_* [T, k]."""
+    out = torch.zeros_like(hidden)  # [T, H]
+    with torch.no_grad():
+        mask = nn.functional.one_hot(top_k_index, num_classes=num_experts + 1).permute(2, 1, 0)  # [E+1, k, T]
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        e = int(e[0])
+        if e == num_experts:
+            continue
+        pos, tok = torch.where(mask[e])
+        g, u = gate_up(e, hidden[tok]).chunk(2, dim=-1)  # [n, I] each
+        h = down(e, act_fn(g) * u)  # [n, H]
+        h = h * top_k_weights[tok, pos, None]
+        out.index_add_(0, tok, h.to(out.dtype))
+    return out
+
+
+class QuantExperts(nn.Module):
+    """W8A8 fused MoE experts: per expert, per output channel (or per expert tensor) weight scales,
+    per-token dynamic activations, the same kernels as ``QuantLinear``."""
+
+    def __init__(self, experts: nn.Module, qcfg: QuantConfig):
+        super().__init__()
+        check_experts_layout(experts)
+        self.qcfg = qcfg
+        self.num_experts = experts.gate_up_proj.shape[0]
+        self.act_fn = experts.act_fn
+        self.gu_shape = tuple(experts.gate_up_proj.shape)  # [E, 2I, H]
+        self.dn_shape = tuple(experts.down_proj.shape)  # [E, H, I]
+        for name in ("gate_up_proj", "down_proj"):
+            q, s = _pack(getattr(experts, name), qcfg, None)
+            self.register_buffer(f"{name}_q", q)
+            self.register_buffer(f"{name}_scale", s)
+
+    @torch.no_grad()
+    def requantize(self, experts: nn.Module):
+        for name in ("gate_up_proj", "down_proj"):
+            q, s = _pack(getattr(experts, name), self.qcfg, None)
+            getattr(self, f"{name}_q").copy_(q)
+            getattr(self, f"{name}_scale").copy_(s)
+
+    def _gemm(self, name: str, n_out: int, e: int, x: torch.Tensor) -> torch.Tensor:
+        wq, s = getattr(self, f"{name}_q")[e], getattr(self, f"{name}_scale")[e]
+        if self.qcfg.w_format == "int8":
+            return int8_linear(x, wq, s, n_out, None, self.qcfg.a_int8_rounding, x.dtype)
+        return fp8_linear(x, wq, s, None, self.qcfg.a_granularity, self.qcfg.w_granularity, x.dtype)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        return experts_loop(hidden_states, top_k_index, top_k_weights, self.num_experts, self.act_fn,
+                            lambda e, x: self._gemm("gate_up_proj", self.gu_shape[1], e, x),
+                            lambda e, x: self._gemm("down_proj", self.dn_shape[1], e, x))
+
+    def extra_repr(self) -> str:
+        return f"num_experts={self.num_experts}, gate_up={self.gu_shape}, down={self.dn_shape}, w={self.qcfg.w_format}"
