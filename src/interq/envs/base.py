@@ -56,3 +56,48 @@ class Env(Protocol):
     def parse_action(self, generated_text: str) -> ParsedAction: ...
 
     def close(self) -> None: ...
+
+
+ACTION_OPEN, ACTION_CLOSE = "<action>", "</action>"
+MAX_PLAIN_ACTION_CHARS = 200
+
+
+def extract_tagged_action(generated_text: object, lower: bool = True) -> ParsedAction:
+    """Shared ``parse_action`` of the text environments (verl-agent convention). Never raises.
+
+    - The action is the content of the LAST ``<action>...</action>`` pair (tags matched case-insensitively),
+      stripped, blanks collapsed, lower-cased when ``lower``; ``valid`` is True iff it is non-empty.
+    - Without a complete pair, plain text is tolerated: a single line of at most 200 characters without
+      ``<``/``>`` (e.g. ``go to fridge 1``) is taken as the action with ``valid=True``; anything else gives
+      its last non-empty line (cut to 200 characters) with ``valid=False`` (the 0.1 format penalty).
+    - Not a string, or empty: ``ParsedAction("", False)``.
+    Runs in linear time (a 100 KB string is fine).
+    """
+    if not isinstance(generated_text, str) or not generated_text.strip():
+        return ParsedAction("", False)
+    text = generated_text
+    folded = text.lower()
+    end = folded.rfind(ACTION_CLOSE)
+    if end >= 0:
+        start = folded.rfind(ACTION_OPEN, 0, end)
+        if start >= 0:
+            inner = text[start + len(ACTION_OPEN):end]
+            action = " ".join(inner.split())
+            if lower:
+                action = action.lower()
+            return ParsedAction(action, bool(action))
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    last = " ".join(lines[-1].split()) if lines else ""
+    plain_ok = len(lines) == 1 and len(last) <= MAX_PLAIN_ACTION_CHARS and "<" not in last and ">" not in last
+    action = last[:MAX_PLAIN_ACTION_CHARS]
+    if lower:
+        action = action.lower()
+    return ParsedAction(action, plain_ok and bool(action))
+
+
+class EpisodeError(RuntimeError):
+    """A programming mistake in driving an environment: step() before reset() or after the episode ended."""
+
+
+class UnknownTaskError(ValueError):
+    """reset() was given a task this environment does not have (wrong env, split or id)."""

@@ -4,7 +4,7 @@ A :class:`HouseholdWorld` holds everything needed to play one task, in ALFWorld'
 
 - receptacles ("countertop 1", "fridge 1"): type, number, openable, initially open;
 - objects ("apple 2"): type, number, the receptacle they start in, and ALFRED's object properties
-  (pickupable, sliceable, heatable, coolable, cleanable, toggleable);
+  (pickupable, sliceable, heatable, coolable, cleanable, toggleable, receptacle_object);
 - the goal: one of ALFWorld's six task types with its targets (object type, receptacle type,
   lamp type for ``look_at_obj_in_light``; ``mrecep_type`` is always None because ALFWorld's six
   types have no movable-receptacle task) and the templated goal text ALFWorld uses
@@ -90,6 +90,7 @@ CLEANABLE: frozenset[str] = frozenset({"apple", "bowl", "butterknife", "cloth", 
                                        "soapbar", "spatula", "spoon", "tomato"})
 SLICEABLE: frozenset[str] = frozenset({"apple", "bread", "egg", "lettuce", "potato", "tomato"})
 TOGGLEABLE: frozenset[str] = frozenset({"desklamp", "floorlamp"})
+MOVABLE_RECEPTACLE_TYPES: frozenset[str] = frozenset({"bowl", "box", "cup", "mug", "pan", "plate", "pot"})
 KNIFE_TYPES: frozenset[str] = frozenset({"knife", "butterknife"})
 
 _TABLETOP = frozenset({
@@ -194,6 +195,8 @@ class ObjectSpec:
     coolable: bool = False
     cleanable: bool = False
     toggleable: bool = False   # lamps: not pickupable, toggled by "use"
+    receptacle_object: bool = False  # ALFRED movable receptacle (bowl, box, cup, mug, pan, plate, pot):
+    #                                  PDDL isReceptacleObject; "examine" then says "This is a normal ..."
 
 
 @dataclass(frozen=True)
@@ -276,4 +279,5 @@ def object_properties(otype: str) -> dict[str, bool]:
         "coolable": otype in COOLABLE,
         "cleanable": otype in CLEANABLE,
         "toggleable": otype in TOGGLEABLE,
+        "receptacle_object": otype in MOVABLE_RECEPTACLE_TYPES,
     }

@@ -1,0 +1,173 @@
+"""``HouseholdEnv``: the built-in ALFWorld-style environment behind ``make_env("household")``.
+
+Episode contract (verl-agent's ALFWorld conventions, envs.md):
+
+- ``reset(task)`` returns ALFWorld's intro without the TextWorld banner: "You are in the middle of a
+  room. Looking quickly around you, you see ...\\n\\nYour task is to: put a clean apple in fridge."
+- ``step(action)``: the action is matched against the admissible commands after stripping,
+  lower-casing and collapsing blanks. An inadmissible or unparseable action (also "" and a 100 KB
+  string) answers "Nothing happens." with ``info["valid_action"] = False`` and costs a step.
+- Reward ``success_reward`` (default 10.0) on the step that completes the goal, else 0.0.
+  Success terminates (``terminated=True``); reaching ``max_steps`` (default 50) without success
+  truncates (``truncated=True``, ``terminated=False``).
+- ``info``: ``won``, ``valid_action``, ``step`` (1-based count), ``task_id``, ``task_type``.
+- ``Observation.anchor`` is the raw engine text of the observation (GiGPO anchor states).
+  ``Observation.admissible_actions`` is ALFWorld's list without ``help``.
+- ``step`` before ``reset`` or after the episode ended raises :class:`EpisodeError` (a programming
+  mistake, not an agent mistake). ``reset`` with a task this env does not have raises
+  :class:`UnknownTaskError` naming what is accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action
+from .engine import HouseholdGame
+from .generator import DEFAULT_SPLIT_SIZES, SPLITS, generate_world, parse_task_id
+from .world import HouseholdWorld
+
+
+class HouseholdEnv:
+    """Pure-Python ALFWorld-style environment (see module docstring).
+
+    Args:
+        seed: selects the task set (same seed, same tasks on every machine).
+        split_sizes: tasks per split (default ALFWorld's: 3553 / 140 / 134).
+        max_steps: step limit (truncation).
+        success_reward: reward on success (0 otherwise).
+        worlds: play exactly these worlds instead of generated ones (``tasks(split)`` lists those with
+            that split); used to replay exported or hand-written tasks.
+        expert: "explore" (default; searches unchecked receptacles, consistent with what the agent
+            sees) or "omniscient" (knows where everything is; shortest plans).
+    """
+
+    name = "household"
+
+    def __init__(self, seed: int = 0, split_sizes: dict[str, int] | None = None, max_steps: int = 50,
+                 success_reward: float = 10.0, worlds: Iterable[HouseholdWorld] | None = None,
+                 expert: str = "explore"):
+        if expert not in ("explore", "omniscient"):
+            raise ValueError(f"expert must be 'explore' or 'omniscient'; got {expert!r}")
+        self.expert = expert
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be a positive int; got {max_steps!r}")
+        sizes = dict(DEFAULT_SPLIT_SIZES)
+        if split_sizes:
+            for k, v in split_sizes.items():
+                if k not in SPLITS:
+                    raise ValueError(f"split_sizes: unknown split {k!r}; accepted: {list(SPLITS)}")
+                if not isinstance(v, int) or v < 0:
+                    raise ValueError(f"split_sizes[{k!r}] must be a non-negative int; got {v!r}")
+                sizes[k] = v
+        self.seed = int(seed)
+        self.split_sizes = sizes
+        self.max_steps = max_steps
+        self.success_reward = float(success_reward)
+        self._fixed: dict[str, HouseholdWorld] | None = None
+        if worlds is not None:
+            self._fixed = {}
+            for w in worlds:
+                if w.task_id in self._fixed:
+                    raise ValueError(f"worlds: duplicate task_id {w.task_id!r}")
+                self._fixed[w.task_id] = w
+        self._cache: dict[str, HouseholdWorld] = {}
+        self._task_lists: dict[str, list[TaskSpec]] = {}
+        self._game: HouseholdGame | None = None
+        self._task: TaskSpec | None = None
+        self._steps = 0
+        self._done = False
+
+    # ---- tasks ---------------------------------------------------------------------------------
+    @staticmethod
+    def spec_of(world: HouseholdWorld) -> TaskSpec:
+        return TaskSpec(env="household", task_id=world.task_id, split=world.split, task_type=world.goal.task_type,
+                        description=world.goal.text)
+
+    def tasks(self, split: str) -> list[TaskSpec]:
+        if self._fixed is not None:
+            return [self.spec_of(w) for w in self._fixed.values() if w.split == split]
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}")
+        if split not in self._task_lists:
+            self._task_lists[split] = [self.spec_of(self._world_for(split, i)) for i in range(self.split_sizes[split])]
+        return list(self._task_lists[split])
+
+    def _world_for(self, split: str, index: int) -> HouseholdWorld:
+        key = f"{split}-{index:05d}"
+        w = self._cache.get(key)
+        if w is None:
+            w = generate_world(split, index, self.seed)
+            self._cache[key] = w
+        return w
+
+    def world(self, task: TaskSpec | str) -> HouseholdWorld:
+        """The full world (plain data) of a task of this env."""
+        task_id = task.task_id if isinstance(task, TaskSpec) else task
+        if isinstance(task, TaskSpec) and task.env != self.name:
+            raise UnknownTaskError(f"task {task.task_id!r} belongs to env {task.env!r}, not 'household'")
+        if self._fixed is not None:
+            if task_id not in self._fixed:
+                raise UnknownTaskError(f"unknown household task_id {task_id!r}; this env has "
+                                       f"{len(self._fixed)} fixed worlds, e.g. {list(self._fixed)[:3]}")
+            return self._fixed[task_id]
+        try:
+            split, index = parse_task_id(task_id)
+        except ValueError as e:
+            raise UnknownTaskError(str(e)) from None
+        if index >= self.split_sizes[split]:
+            raise UnknownTaskError(f"unknown household task {task_id!r}: split {split!r} has "
+                                   f"{self.split_sizes[split]} tasks (indices 0-{self.split_sizes[split] - 1})")
+        if isinstance(task, TaskSpec) and task.split != split:
+            raise UnknownTaskError(f"task {task_id!r} is in split {split!r}, but the TaskSpec says {task.split!r}")
+        return self._world_for(split, index)
+
+    # ---- episode -------------------------------------------------------------------------------
+    def reset(self, task: TaskSpec | str) -> Observation:
+        world = self.world(task)
+        self._task = self.spec_of(world)
+        self._game = HouseholdGame(world)
+        self._steps = 0
+        self._done = False
+        text = self._game.intro(banner=False)
+        return Observation(text=text, admissible_actions=self.admissible_actions(), anchor=text, task=self._task)
+
+    def admissible_actions(self) -> tuple[str, ...]:
+        if self._game is None:
+            raise EpisodeError("no episode: call reset(task) first")
+        return tuple(c for c in self._game.admissible_commands() if c != "help")
+
+    def step(self, action: str) -> StepResult:
+        if self._game is None:
+            raise EpisodeError("step() before reset(): call reset(task) first")
+        if self._done:
+            raise EpisodeError(f"episode of task {self._task.task_id!r} has ended; call reset(task) before step()")
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str (use parse_action on generated text); got {type(action).__name__}")
+        feedback, valid = self._game.step(action)
+        self._steps += 1
+        won = valid and self._game.won()
+        terminated = won
+        truncated = (not won) and self._steps >= self.max_steps
+        self._done = terminated or truncated
+        obs = Observation(text=feedback, admissible_actions=self.admissible_actions(), anchor=feedback, task=self._task)
+        info = {"won": won, "valid_action": valid, "step": self._steps, "task_id": self._task.task_id,
+                "task_type": self._task.task_type}
+        return StepResult(obs, self.success_reward if won else 0.0, terminated, truncated, info)
+
+    def parse_action(self, generated_text: str) -> ParsedAction:
+        return extract_tagged_action(generated_text, lower=True)
+
+    def expert_action(self) -> str | None:
+        """The expert's next action from the current state; None when the episode is over or won."""
+        if self._game is None or self._done:
+            return None
+        return self._game.expert_action(explore=self.expert == "explore")
+
+    @property
+    def game(self) -> HouseholdGame | None:
+        """The running game (state inspection for tests and the fidelity check)."""
+        return self._game
+
+    def close(self) -> None:
+        self._game = None
