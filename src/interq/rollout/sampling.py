@@ -1,0 +1,107 @@
+"""Sampling: the transform from logits to the distribution actually sampled from, and the draw.
+
+Pure tensor functions, no model, no cache. The behavior log-prob of a sampled token is its fp32 log-prob
+under the *transformed* distribution (temperature, then top-k, then top-p: the order of vLLM and HF),
+which is the distribution the token was drawn from (interq-spec.md §1, ``behavior_logprobs``).
+
+Draws use one ``torch.Generator`` per episode and the exponential race
+``argmax(p / E), E ~ Exp(1)`` (an exact sample from ``p``; tokens of probability 0 are never drawn).
+Each draw consumes exactly ``V`` numbers from the episode's own generator, so an episode's tokens do not
+depend on which other episodes share the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How actions are sampled; recorded with every trajectory.
+
+    temperature: > 0 samples from softmax(logits / temperature); 0 means greedy (argmax), whose behavior
+        log-prob is 0.0 (log of a point mass).
+    top_k: keep the k most likely tokens (0 = off).
+    top_p: nucleus sampling, keep the smallest set of most likely tokens whose mass reaches top_p (1.0 = off).
+    max_action_tokens: per-turn limit on sampled tokens; reaching it ends the turn with stop reason "length".
+    stop_token_ids: sampling one of these ends the turn (the stop token is part of the action).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_action_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1] (1.0 = off), got {self.top_p!r}")
+        if not isinstance(self.max_action_tokens, int) or isinstance(self.max_action_tokens, bool) or self.max_action_tokens < 1:
+            raise ValueError(f"SamplingParams.max_action_tokens must be an int >= 1, got {self.max_action_tokens!r}")
+        stops = tuple(self.stop_token_ids)
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in stops):
+            raise ValueError(f"SamplingParams.stop_token_ids must be non-negative token ids, got {self.stop_token_ids!r}")
+        object.__setattr__(self, "stop_token_ids", stops)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stop_token_ids"] = list(self.stop_token_ids)
+        return d
+
+
+def transformed_logprobs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """fp32 log-probs of the sampling distribution: temperature, then top-k, then top-p. [..., V] -> [..., V].
+
+    Tokens removed by top-k / top-p get -inf. ``temperature`` must be > 0 here (greedy has no density).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for log-probs, got {temperature!r}")
+    x = logits.float() / temperature  # [..., V]
+    vocab = x.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]  # [..., 1]
+        x = x.masked_fill(x < kth, NEG_INF)  # [..., V]
+    if top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)  # [..., V]
+        probs = torch.softmax(sorted_x, dim=-1)  # [..., V]
+        mass_before = torch.cumsum(probs, dim=-1) - probs  # [..., V] mass of strictly more likely tokens
+        remove = mass_before >= top_p  # [..., V]
+        remove[..., 0] = False  # the most likely token always stays
+        sorted_x = sorted_x.masked_fill(remove, NEG_INF)
+        x = torch.empty_like(x).scatter_(-1, order, sorted_x)  # [..., V]
+    return torch.log_softmax(x, dim=-1)  # [..., V]
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, generators: Sequence[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row. logits [N, V] -> (tokens [N] long, behavior_logprobs [N] fp32).
+
+    Row i draws with ``generators[i]`` only. Greedy (temperature 0) draws nothing and returns log-prob 0.
+    """
+    if logits.ndim != 2 or logits.shape[0] != len(generators):
+        raise ValueError(f"logits must be [N, V] with N == len(generators) ({len(generators)}), got {tuple(logits.shape)}")
+    if params.greedy:
+        tokens = logits.float().argmax(dim=-1)  # [N]
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32)
+    logp = transformed_logprobs(logits, params.temperature, params.top_k, params.top_p)  # [N, V]
+    probs = logp.exp()  # [N, V]
+    race = torch.empty(probs.shape, dtype=torch.float32, device=generators[0].device)  # [N, V]
+    for i, g in enumerate(generators):
+        race[i].exponential_(1.0, generator=g)
+    tokens = (probs / race.to(probs.device)).argmax(dim=-1)  # [N]
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)  # [N], [N]
