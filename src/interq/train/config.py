@@ -92,6 +92,7 @@ class WarmStartConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     executor: str = "bf16"              # bf16 | fp32 | w8a8 (the behaviour policy's numerics)
+    executor_dtype: str = "bfloat16"    # w8a8 only: compute dtype between the int8 GEMMs (engines use bf16)
     weight_format: str = "int8"         # w8a8 only: passed to interq.quant.QuantConfig
     kv_format: str = "int8_per_token_head"  # w8a8 only
     temperature: float = 1.0
@@ -359,6 +360,7 @@ def validate(cfg: RunConfig) -> None:
 
     r = cfg.rollout
     _one_of("rollout.executor", r.executor, EXECUTORS)
+    _one_of("rollout.executor_dtype", r.executor_dtype, DTYPES)
     _one_of("rollout.weight_format", r.weight_format, ("int8", "fp8_e4m3"))
     _one_of("rollout.kv_format", r.kv_format, ("none", "int8_per_token_head", "fp8_per_token_head", "fp8_tensor"))
     _positive("rollout.temperature", r.temperature)

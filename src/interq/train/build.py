@@ -1,0 +1,183 @@
+"""Builders: turn a validated RunConfig into plain components (environment factory, tasks, policy, chat
+format, executor, demos). Components take plain arguments; only this module reads the config."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from interq.agent.loop import default_render
+from interq.envs.base import TaskSpec
+from interq.train.config import ConfigError, EnvConfig, RolloutConfig, RunConfig
+
+
+# ---------------------------------------------------------------------------------------------- environments
+
+
+def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
+    """A zero-argument callable returning a fresh environment."""
+    kwargs = dict(cfg.env_kwargs)
+    if cfg.name == "toy":
+        from interq.agent.toy_env import ToyEnv
+
+        kwargs.setdefault("max_steps", cfg.max_turns)
+        return lambda: ToyEnv(**kwargs)
+    try:
+        from interq.envs import make_env
+    except ImportError as e:  # pragma: no cover - depends on the environments package
+        raise ConfigError(f"env.name={cfg.name!r}: interq.envs.make_env is not available ({e}); accepted here: 'toy'") from e
+    try:
+        make_env(cfg.name, **kwargs).close()
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError(f"env.name={cfg.name!r} / env.env_kwargs={kwargs}: {e}") from e
+    return lambda: make_env(cfg.name, **kwargs)
+
+
+def split_tasks(make_env: Callable[[], Any], cfg: EnvConfig) -> tuple[list[TaskSpec], list[TaskSpec]]:
+    env = make_env()
+    try:
+        train = list(env.tasks(cfg.train_split))
+        evals = list(env.tasks(cfg.eval_split))
+    finally:
+        env.close()
+    if cfg.num_train_tasks:
+        train = train[: cfg.num_train_tasks]
+    evals = evals[: cfg.num_eval_tasks]
+    if not train:
+        raise ConfigError(f"env.train_split={cfg.train_split!r} has no tasks")
+    return train, evals
+
+
+# ---------------------------------------------------------------------------------------------- demos
+
+
+@dataclass
+class Demo:
+    task: TaskSpec
+    observations: list[str]   # rendered observation text per turn (what the agent saw)
+    actions: list[str]        # action text per turn
+    won: bool
+
+
+def collect_demos(make_env: Callable[[], Any], tasks: list[TaskSpec], num_demos: int, noise: float, seed: int,
+                  max_turns: int, layout: str = "concatenated", history_turns: int = 0,
+                  render: Callable[..., str] = default_render) -> list[Demo]:
+    """Expert episodes with a share ``noise`` of random admissible actions, rendered like the agent loop."""
+    rng = random.Random(seed)
+    demos = []
+    env = make_env()
+    try:
+        for k in range(num_demos):
+            task = tasks[k % len(tasks)]
+            obs = env.reset(task)
+            texts, actions, hist, won = [], [], [], False
+            for t in range(max_turns):
+                window = history_turns if layout == "per_turn" else None
+                texts.append(render(task, obs, t, hist, window))
+                if obs.admissible_actions and rng.random() < noise:
+                    action = rng.choice(list(obs.admissible_actions))
+                else:
+                    action = env.expert_action()
+                actions.append(action)
+                res = env.step(action)
+                hist.append((obs.text, action))
+                obs = res.observation
+                won = won or bool(res.info.get("won"))
+                if res.terminated or res.truncated:
+                    break
+            demos.append(Demo(task, texts, actions, won))
+    finally:
+        env.close()
+    return demos
+
+
+def demo_rows(demos: list[Demo], fmt, tokenizer, layout: str) -> list[tuple[list[int], list[bool]]]:
+    """Render demos with the engine's chat format -> (token ids, action mask) rows."""
+    stop = fmt.stop_token_ids[0]
+    rows = []
+    for d in demos:
+        if layout == "concatenated":
+            chat, ids, mask = fmt.start(), [], []
+            for o, a in zip(d.observations, d.actions):
+                obs = chat.observation(o)
+                act = list(tokenizer(a, add_special_tokens=False)["input_ids"]) + [stop]
+                chat.action(act)
+                ids += obs + act
+                mask += [False] * len(obs) + [True] * len(act)
+            rows.append((ids, mask))
+        else:
+            for o, a in zip(d.observations, d.actions):
+                obs = fmt.start().observation(o)
+                act = list(tokenizer(a, add_special_tokens=False)["input_ids"]) + [stop]
+                rows.append((obs + act, [False] * len(obs) + [True] * len(act)))
+    return rows
+
+
+def demo_texts(demos: list[Demo]) -> list[str]:
+    return [t for d in demos for t in (*d.observations, *d.actions)]
+
+
+# ---------------------------------------------------------------------------------------------- policy
+
+
+def chat_format(tokenizer):
+    from interq.rollout.chat import MINIMAL_SPECIAL_TOKENS, HFChatFormat, MinimalChatFormat
+
+    if all(tokenizer.convert_tokens_to_ids(t) not in (None, tokenizer.unk_token_id) for t in MINIMAL_SPECIAL_TOKENS):
+        return MinimalChatFormat(tokenizer)
+    return HFChatFormat(tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------- executor
+
+
+@dataclass
+class Executor:
+    """The behaviour policy: a module with the HF forward signature, its cache factory and weight sync."""
+
+    module: torch.nn.Module
+    cache_factory: Callable[[Any], Any] | None
+    sync: Callable[[torch.nn.Module], float]   # learner -> seconds
+    qcfg: Any                                  # interq.quant.QuantConfig for w8a8 (also the aligned forward)
+    info: dict
+
+
+def quant_config(cfg: RolloutConfig):
+    from interq.quant import QuantConfig
+
+    return QuantConfig(w_format=cfg.weight_format, kv_format=cfg.kv_format)
+
+
+def build_executor(learner: torch.nn.Module, cfg: RolloutConfig) -> Executor:
+    import copy
+    import time
+
+    if cfg.executor in ("bf16", "fp32"):
+        dtype = torch.bfloat16 if cfg.executor == "bf16" else torch.float32
+        module = copy.deepcopy(learner).to(dtype).eval().requires_grad_(False)
+
+        @torch.no_grad()
+        def sync(lr: torch.nn.Module) -> float:
+            t0 = time.perf_counter()
+            for p, q in zip(module.parameters(), lr.parameters()):
+                p.copy_(q)
+            return time.perf_counter() - t0
+
+        return Executor(module, None, sync, None, {"executor": cfg.executor})
+    from interq.quant import make_executor, make_kv_cache, sync_weights
+
+    qcfg = quant_config(cfg)
+    dtype = torch.bfloat16 if cfg.executor_dtype == "bfloat16" else torch.float32
+    module = make_executor(copy.deepcopy(learner).to(dtype), qcfg)
+    return Executor(module, lambda mc: make_kv_cache(qcfg, mc), lambda lr: sync_weights(lr, module), qcfg,
+                    {"executor": "w8a8", "dtype": cfg.executor_dtype,
+                     "quant": {"w_format": qcfg.w_format, "kv_format": qcfg.kv_format}})
+
+
+def policy_source_dir(cfg: RunConfig) -> Path | None:
+    return None if cfg.model.source == "tiny" else Path(cfg.model.source)

@@ -1,0 +1,97 @@
+"""From a config to a trained run: policy (tiny or a checkpoint), warm start, RL (``interq train``/``sft``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from interq.train.config import RunConfig, save_config
+
+
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except Exception:  # pragma: no cover
+        pass
+
+
+def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, log=print) -> tuple[Path, dict]:
+    """Build (tiny) or load the policy, warm-start it on expert demos, save it to ``out_dir`` (atomically).
+
+    Returns the policy directory and a summary. An existing complete ``out_dir`` is reused.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from interq.train.build import chat_format, collect_demos, demo_rows, demo_texts, env_factory, split_tasks
+    from interq.train.policy import build_tiny_policy, describe_policy, load_policy, save_policy
+    from interq.train.sft import run_sft
+
+    _quiet_transformers()
+    out_dir = Path(out_dir)
+    if (out_dir / "policy_summary.json").is_file():
+        return out_dir, json.loads((out_dir / "policy_summary.json").read_text())
+    t0 = time.perf_counter()
+    make_env = env_factory(cfg.env)
+    train_tasks, _ = split_tasks(make_env, cfg.env)
+    w = cfg.warm_start
+    n_demos = max(w.num_demos, 32) if cfg.model.source == "tiny" else w.num_demos
+    demos = collect_demos(make_env, train_tasks, n_demos, w.noise if w.enabled else 0.0, w.seed, cfg.env.max_turns,
+                          cfg.algo.layout, cfg.rollout.history_turns)
+    if cfg.model.source == "tiny":
+        # the tokenizer is trained on expert text without noise so every admissible action is in its corpus
+        clean = collect_demos(make_env, train_tasks, min(len(train_tasks), 64), 0.0, w.seed + 1, cfg.env.max_turns,
+                              cfg.algo.layout, cfg.rollout.history_turns)
+        model, tokenizer = build_tiny_policy(cfg.model, demo_texts(demos + clean), seed=cfg.train.seed)
+    else:
+        model, tokenizer = load_policy(cfg.model.source, cfg.model.dtype)
+    summary = {"policy": describe_policy(model, tokenizer), "demos": len(demos),
+               "demo_success": sum(d.won for d in demos) / max(len(demos), 1)}
+    if w.enabled and w.steps > 0:
+        fmt = chat_format(tokenizer)
+        rows = demo_rows(demos[: w.num_demos], fmt, tokenizer, cfg.algo.layout)
+        last = [0.0]
+
+        def progress(step: int, m: dict) -> None:
+            if step % max(1, w.steps // 5) == 0 or step == w.steps - 1:
+                log(f"[warm start] step {step + 1}/{w.steps} loss {m['loss']:.3f} ({time.perf_counter() - t0:.0f}s)")
+            last[0] = m["loss"]
+
+        summary.update(run_sft(model, rows, w, fmt.pad_token_id, progress))
+    summary["seconds"] = time.perf_counter() - t0
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    save_policy(model, tokenizer, tmp)
+    save_config(cfg, tmp / "run_config.yaml")
+    (tmp / "policy_summary.json").write_text(json.dumps(summary, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir, summary
+
+
+def run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | None = None, *, resume: bool = True,
+                 log=print) -> list[dict]:
+    """Warm start (unless ``policy_dir`` is given) then RL; everything under ``run_dir``."""
+    from interq.train.build import env_factory, split_tasks
+    from interq.train.policy import load_policy
+    from interq.train.rl import train
+
+    _quiet_transformers()
+    run_dir = Path(run_dir)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    if policy_dir is None:
+        policy_dir, summary = prepare_policy(cfg, run_dir / "warm_start", log=log)
+        log(f"[warm start] policy {summary['policy']} in {summary.get('seconds', 0):.0f}s")
+    model, tokenizer = load_policy(policy_dir, cfg.model.dtype)
+    make_env = env_factory(cfg.env)
+    train_tasks, eval_tasks = split_tasks(make_env, cfg.env)
+    return train(cfg, run_dir, model, tokenizer, make_env, train_tasks, eval_tasks, resume=resume)

@@ -1,0 +1,369 @@
+"""The RL loop: one readable file (issue 6 item 3; interq-spec.md §1-§7).
+
+Each step:
+
+1. **rollout**  ``tasks_per_step`` task instances x ``episodes_per_task`` episodes played by the *executor*
+   (bf16 copy or the W8A8-KV8 executor of :mod:`interq.quant`) through :mod:`interq.agent.loop`; behaviour
+   log-probs come from the engine (exact, under the sampling transform).
+2. **rows**  concatenated layout: one row per episode (full history); per_turn: one row per (episode, turn)
+   with ``traj_id`` / ``turn_idx`` (spec §5).
+3. **advantages**  GRPO over each task's group of episodes, or GiGPO (episode + anchor-state step
+   advantages), broadcast to the action tokens (spec §6).
+4. **proximal pass**  the learner's no-grad forward at the rollout parameters (aligned forward when
+   ``algo.align``). Skipped when it equals the current forward (one PPO epoch, one mini-batch, a keep-mask that
+   does not depend on it, no weight normalisation): then ``proximal = current.detach()`` inside the gradient pass.
+5. **correction**  ``interq.algo.corrections.compute_correction`` (any method of spec §4) -> per-token weights,
+   keep-mask and the §7 metrics.
+6. **update**  decoupled PPO (spec §6) over ``minibatches_per_step`` mini-batches x ``ppo_epochs``, each
+   mini-batch accumulated over micro-batches of at most ``tokens_per_microbatch`` padded tokens; one optimizer
+   step per mini-batch; gradient clipping.
+7. **sync**  the learner's new weights re-quantized into the executor (``interq.quant.sync_weights``).
+8. **eval** every ``eval_every_steps`` on the held-out split; **checkpoint** every ``checkpoint_every_steps``.
+
+Learner forward passes are counted with a forward hook on the learner (``learner/forward_calls``: micro-batch
+forwards; ``learner/forward_passes``: full passes over the step's batch). q-interq adds none over q-tis: the
+correction is a pure function of log-probs already computed.
+
+Deliberate departures from the paper (arXiv 2610.35303, only its abstract is public):
+
+* The environments run in-process (the household environment is pure Python); the crash-surviving worker pool
+  is not used by this loop.
+* Micro-batches hold whole trajectories (all per-turn rows of an episode together) so that, when the proximal
+  pass is skipped, each micro-batch's correction sees the full history of its states; the correction metrics
+  are recomputed on the whole batch afterwards (no forward pass).
+* Held-out evaluation samples from the arm's executor (the deployed behaviour policy) at
+  ``train.eval_temperature``, with fixed seeds shared by all arms and steps.
+* The learner keeps fp32 master weights; the ``bf16`` arm's executor is a bf16 copy (CPU-scale stand-in for a
+  bf16 serving engine); the learner forward runs in ``model.dtype``.
+* No KL penalty, no entropy bonus, no reference model (as verl-agent's GiGPO recipe with kl_coef 0).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from interq.agent.loop import Episode, play_episodes
+from interq.train.config import AlgoConfig, RunConfig, save_config
+
+# ---------------------------------------------------------------------------------------------- advantages
+
+
+def turn_advantages(episodes: list[Episode], cfg: AlgoConfig) -> tuple[list[list[float]], dict, torch.Tensor]:
+    """Spec §6 advantages per (episode, turn): GRPO broadcasts A_E; GiGPO gives A_E + omega * A_S per step."""
+    from interq.algo.advantages import gigpo_advantages, grpo_advantages
+
+    returns = torch.tensor([ep.episode_return for ep in episodes], dtype=torch.float64)  # [N]
+    a_ep, metrics = grpo_advantages(returns, [ep.group for ep in episodes], use_std=cfg.grpo_std)  # [N]
+    out = [[float(a_ep[i])] * ep.num_turns for i, ep in enumerate(episodes)]
+    if cfg.advantage == "gigpo":
+        steps = [(i, t) for i, ep in enumerate(episodes) for t in range(ep.num_turns)]
+        if steps:
+            adv, m = gigpo_advantages(
+                torch.tensor([episodes[i].rewards[t] for i, t in steps], dtype=torch.float64),  # [M]
+                [i for i, _ in steps], torch.tensor([t for _, t in steps]),
+                [episodes[i].group for i, _ in steps], [episodes[i].anchors[t] for i, t in steps],
+                gamma=cfg.gigpo_gamma, omega=cfg.gigpo_omega, use_std=cfg.grpo_std)  # [M]
+            for (i, t), v in zip(steps, adv.tolist()):
+                out[i][t] = v
+            metrics.update(m)
+    return out, {"adv/episode_mean_abs": float(a_ep.abs().mean()) if len(a_ep) else 0.0, **metrics}, a_ep
+
+
+# ---------------------------------------------------------------------------------------------- batch
+
+
+@dataclass
+class Batch:
+    """The step's rows, right-padded. Every tensor is [B, L] unless noted."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor          # bool
+    behavior_logprobs: torch.Tensor
+    advantages: torch.Tensor           # 0 off action tokens
+    traj_id: torch.Tensor | None       # [B] per_turn layout only
+    turn_idx: torch.Tensor | None      # [B] per_turn layout only
+    row_episode: list[int]             # [B] episode index of each row
+    temperature: float
+    metrics: dict                      # advantage metrics
+
+
+def build_batch(episodes: list[Episode], cfg: AlgoConfig, pad_id: int) -> Batch:
+    from interq.rollout import collate_trajectories
+
+    a_turn, adv_metrics, a_ep = turn_advantages(episodes, cfg)
+    rows, row_ep, row_turn = [], [], []
+    for i, ep in enumerate(episodes):
+        for t, traj in enumerate(ep.rows):
+            rows.append(traj)
+            row_ep.append(i)
+            row_turn.append(t)
+    coll = collate_trajectories(rows, pad_token_id=pad_id)
+    adv = torch.zeros(coll["input_ids"].shape, dtype=torch.float32)  # [B, L]
+    for b, (i, t0) in enumerate(zip(row_ep, row_turn)):
+        turn = coll["turn_index"][b] if cfg.layout == "concatenated" else torch.full_like(coll["turn_index"][b], t0)  # [L]
+        steps = torch.tensor(a_turn[i] + [float(a_ep[i])], dtype=torch.float32)  # [T+1]; a turn cut by context: A_E
+        per_tok = steps[turn.clamp(0, len(steps) - 1)]  # [L]
+        adv[b] = torch.where(coll["action_mask"][b], per_tok, torch.zeros_like(per_tok))
+    per_turn = cfg.layout == "per_turn"
+    return Batch(coll["input_ids"], coll["attention_mask"], coll["action_mask"], coll["behavior_logprobs"], adv,
+                 torch.tensor(row_ep) if per_turn else None, torch.tensor(row_turn) if per_turn else None,
+                 row_ep, rows[0].sampling.temperature, adv_metrics)
+
+
+def micro_batches(batch: Batch, row_subset: list[int], tokens_per_microbatch: int) -> list[list[int]]:
+    """Pack rows (whole episodes together, in order) so rows x max length <= tokens_per_microbatch."""
+    lengths = batch.attention_mask.sum(-1).tolist()  # [B]
+    by_ep: dict[int, list[int]] = {}
+    for r in row_subset:
+        by_ep.setdefault(batch.row_episode[r], []).append(r)
+    out, cur, width = [], [], 0
+    for rows in by_ep.values():
+        w = max(width, *(lengths[r] for r in rows))
+        if cur and (len(cur) + len(rows)) * w > tokens_per_microbatch:
+            out.append(cur)
+            cur, w = [], max(lengths[r] for r in rows)
+        cur, width = cur + rows, w
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _rows(batch: Batch, rows: list[int]) -> dict:
+    width = int(batch.attention_mask[rows].sum(-1).max())
+    idx = torch.tensor(rows)
+    sl = lambda x: x[idx, :width]  # noqa: E731
+    return {"input_ids": sl(batch.input_ids), "attention_mask": sl(batch.attention_mask),
+            "action_mask": sl(batch.action_mask), "behavior": sl(batch.behavior_logprobs),
+            "advantages": sl(batch.advantages),
+            "traj_id": batch.traj_id[idx] if batch.traj_id is not None else None,
+            "turn_idx": batch.turn_idx[idx] if batch.turn_idx is not None else None, "width": width, "idx": idx}
+
+
+# ---------------------------------------------------------------------------------------------- learner
+
+
+class Learner:
+    """The learner model with its optimizer, the aligned-forward switch and a forward counter."""
+
+    def __init__(self, model: torch.nn.Module, cfg: RunConfig, qcfg=None) -> None:
+        self.model, self.cfg, self.qcfg = model, cfg, qcfg
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+        self.forward_calls = 0
+        model.register_forward_hook(self._count)
+
+    def _count(self, *_):
+        self.forward_calls += 1
+
+    def logprobs(self, mb: dict, temperature: float) -> torch.Tensor:
+        from interq.rollout import sequence_logprobs
+
+        if self.cfg.algo.align:
+            from interq.quant import aligned
+
+            with aligned(self.model, self.qcfg):
+                return sequence_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=temperature)
+        return sequence_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=temperature)
+
+
+def correction_config(a: AlgoConfig):
+    from interq.algo.corrections import CorrectionConfig
+
+    return CorrectionConfig(budget=a.budget, tis_cap=a.tis_cap, icepop_bounds=(a.icepop_low, a.icepop_high),
+                            geo_bounds=(a.geo_low, a.geo_high), prefix_cap=a.prefix_cap, normalize=a.normalize)
+
+
+def skips_proximal_pass(a: AlgoConfig) -> bool:
+    """The proximal pass equals the current forward and its keep-mask is known up front (see docstring)."""
+    return a.ppo_epochs == 1 and a.minibatches_per_step == 1 and a.correction not in ("icepop", "geo_mask") and not a.normalize
+
+
+def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dict:
+    """Steps 4-6: proximal pass (or not), correction, decoupled PPO with gradient accumulation."""
+    from interq.algo.corrections import compute_correction
+    from interq.algo.loss import ppo_loss
+
+    a, t = cfg.algo, cfg.train
+    ccfg = correction_config(a)
+    model = learner.model
+    calls0 = learner.forward_calls
+    all_rows = list(range(batch.input_ids.shape[0]))
+    proximal = torch.zeros_like(batch.behavior_logprobs)  # [B, L]
+    skip = skips_proximal_pass(a)
+    weights = keep = None
+    if not skip:
+        model.eval()
+        with torch.no_grad():
+            for rows in micro_batches(batch, all_rows, t.tokens_per_microbatch):
+                mb = _rows(batch, rows)
+                proximal[mb["idx"], : mb["width"]] = learner.logprobs(mb, batch.temperature)
+        corr = compute_correction(a.correction, proximal, batch.behavior_logprobs, batch.action_mask,
+                                  traj_id=batch.traj_id, turn_idx=batch.turn_idx, config=ccfg)
+        weights, keep = corr.weights, corr.keep_mask  # [B, L]
+    model.train()
+    episodes = sorted(set(batch.row_episode))
+    rng = random.Random(t.seed * 7919 + step)  # mini-batch shuffles of epochs > 0
+    stats = {"loss/policy": 0.0, "loss/clip_frac": 0.0, "optim/grad_norm": 0.0, "optim/steps": 0}
+    n_tok = 0
+    for epoch in range(a.ppo_epochs):
+        order = episodes[:] if epoch == 0 else rng.sample(episodes, len(episodes))
+        chunks = [order[k:: a.minibatches_per_step] for k in range(a.minibatches_per_step)]
+        for chunk in chunks:
+            ep_set = set(chunk)
+            rows_mb = [r for r in all_rows if batch.row_episode[r] in ep_set]
+            finite = batch.action_mask[rows_mb] & torch.isfinite(batch.behavior_logprobs[rows_mb])  # [b, L]
+            kept = finite if skip else keep[rows_mb]  # [b, L] (skip: keep-mask = finite action tokens)
+            total_tokens, total_rows = int(kept.sum()), int(kept.any(-1).sum())
+            learner.optimizer.zero_grad(set_to_none=True)
+            for rows in micro_batches(batch, rows_mb, t.tokens_per_microbatch):
+                mb = _rows(batch, rows)
+                current = learner.logprobs(mb, batch.temperature)  # [b, l]
+                if skip:
+                    prox = current.detach()  # [b, l]
+                    proximal[mb["idx"], : mb["width"]] = prox
+                    c = compute_correction(a.correction, prox, mb["behavior"], mb["action_mask"],
+                                           traj_id=mb["traj_id"], turn_idx=mb["turn_idx"], config=ccfg)
+                    w, k = c.weights, c.keep_mask  # [b, l]
+                else:
+                    prox = proximal[mb["idx"], : mb["width"]]
+                    w, k = weights[mb["idx"], : mb["width"]], keep[mb["idx"], : mb["width"]]
+                loss, m = ppo_loss(current, prox, mb["advantages"], w, k, eps_low=a.clip_eps_low,
+                                   eps_high=a.clip_eps_high, aggregation=a.loss_agg, num_tokens=total_tokens,
+                                   num_seqs=total_rows)
+                loss.backward()
+                stats["loss/clip_frac"] += m["ppo/clip_frac"] * int(k.sum())
+                stats["loss/policy"] += float(loss.detach())
+                n_tok += int(k.sum())
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf)
+            learner.optimizer.step()
+            stats["optim/grad_norm"] += float(gn)
+            stats["optim/steps"] += 1
+    model.eval()
+    # the §7 metrics on the whole batch (pure function of log-probs already computed: no forward pass)
+    corr = compute_correction(a.correction, proximal, batch.behavior_logprobs, batch.action_mask,
+                              traj_id=batch.traj_id, turn_idx=batch.turn_idx, config=ccfg)
+    n_opt = max(stats["optim/steps"], 1)
+    calls = learner.forward_calls - calls0
+    n_mb = len(micro_batches(batch, all_rows, t.tokens_per_microbatch))
+    out = {**corr.metrics, **batch.metrics, "loss/policy": stats["loss/policy"] / n_opt, "loss/clip_frac": stats["loss/clip_frac"] / max(n_tok, 1),
+           "optim/grad_norm": stats["optim/grad_norm"] / n_opt, "optim/steps": stats["optim/steps"],
+           "learner/forward_calls": calls, "learner/forward_passes": calls / max(n_mb, 1),
+           "learner/proximal_pass_skipped": skip, "learner/microbatches": n_mb}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- rollout / eval
+
+
+def sampling_params(cfg: RunConfig, fmt, temperature: float | None = None):
+    from interq.rollout import SamplingParams
+
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
+                          max_action_tokens=r.max_action_tokens, stop_token_ids=tuple(fmt.stop_token_ids))
+
+
+def rollout(engine, fmt, make_env, tasks, seeds, groups, sampling, cfg: RunConfig) -> list[Episode]:
+    return play_episodes(engine, fmt, make_env, tasks, seeds, groups, sampling, max_turns=cfg.env.max_turns,
+                         invalid_action_penalty=cfg.env.invalid_action_penalty, layout=cfg.algo.layout,
+                         history_turns=cfg.rollout.history_turns)
+
+
+def episode_stats(episodes: list[Episode], prefix: str) -> dict:
+    n = max(len(episodes), 1)
+    return {f"{prefix}/success": sum(ep.won for ep in episodes) / n,
+            f"{prefix}/return": sum(ep.episode_return for ep in episodes) / n,
+            f"{prefix}/length": sum(ep.num_turns for ep in episodes) / n,
+            f"{prefix}/invalid_frac": sum(1 - v for ep in episodes for v in ep.valid) / max(sum(ep.num_turns for ep in episodes), 1),
+            f"{prefix}/context_truncated_frac": sum(ep.context_truncated for ep in episodes) / n}
+
+
+def evaluate(engine, fmt, make_env, tasks, cfg: RunConfig) -> dict:
+    """Held-out success, return and length: fixed seeds shared by all arms and steps."""
+    if not tasks:
+        return {}
+    k = cfg.train.eval_episodes_per_task
+    ts = [t for t in tasks for _ in range(k)]
+    seeds = [10_000_019 + i for i in range(len(ts))]
+    eps = rollout(engine, fmt, make_env, ts, seeds, list(range(len(ts))),
+                  sampling_params(cfg, fmt, cfg.train.eval_temperature), cfg)
+    return episode_stats(eps, "eval")
+
+
+def step_tasks(train_tasks, cfg: RunConfig, step: int):
+    """The step's task instances and seeds: a pure function of (seed, step), so a resumed run replays them."""
+    t = cfg.train
+    rng = random.Random(t.seed * 1_000_003 + step)
+    chosen = rng.sample(train_tasks, min(t.tasks_per_step, len(train_tasks)))
+    tasks = [task for task in chosen for _ in range(t.episodes_per_task)]
+    groups = [g for g in range(len(chosen)) for _ in range(t.episodes_per_task)]
+    seeds = [(t.seed * 1_000_003 + step) * 4096 + i for i in range(len(tasks))]
+    return tasks, seeds, groups
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+
+
+def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train_tasks, eval_tasks,
+          *, resume: bool = True) -> list[dict]:
+    """Run ``cfg.train.steps`` RL steps from the given (warm-started) policy; returns the step records."""
+    from interq.rollout import RolloutEngine
+    from interq.train.build import build_executor, chat_format
+    from interq.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from interq.train.logging import RunLogger, read_jsonl
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    t = cfg.train
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    fmt = chat_format(tokenizer)
+    executor = build_executor(model, cfg.rollout)
+    learner = Learner(model, cfg, executor.qcfg)
+    start = 0
+    ck = latest_checkpoint(run_dir) if resume else None
+    if ck is not None:
+        start = load_checkpoint(ck, model, learner.optimizer)["step"]
+        executor.sync(model)
+    logger = RunLogger(run_dir, progress_total=t.steps, progress=t.progress, tensorboard=t.tensorboard,
+                       desc=cfg.name, start=start)
+    logger.truncate_after(start)
+    engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
+                           max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
+    if start == 0 and t.eval_every_steps:
+        t0 = time.perf_counter()
+        logger.log({"step": 0, **evaluate(engine, fmt, make_env, eval_tasks, cfg), "time/eval": time.perf_counter() - t0})
+    try:
+        for step in range(start + 1, t.steps + 1):
+            rec: dict = {"step": step}
+            t0 = time.perf_counter()
+            tasks, seeds, groups = step_tasks(train_tasks, cfg, step)
+            episodes = rollout(engine, fmt, make_env, tasks, seeds, groups, sampling_params(cfg, fmt), cfg)
+            batch = build_batch(episodes, cfg.algo, fmt.pad_token_id)
+            t1 = time.perf_counter()
+            rec.update(update(learner, batch, cfg, step))
+            t2 = time.perf_counter()
+            sync_s = executor.sync(model)
+            t3 = time.perf_counter()
+            rec.update(episode_stats(episodes, "rollout"))
+            rec.update({"time/rollout": t1 - t0, "time/learner": t2 - t1, "time/sync": t3 - t2, "sync/seconds": sync_s,
+                        "batch/rows": int(batch.input_ids.shape[0]), "batch/action_tokens": int(batch.action_mask.sum()),
+                        "batch/tokens": int(batch.attention_mask.sum())})
+            if t.eval_every_steps and (step % t.eval_every_steps == 0 or step == t.steps):
+                te = time.perf_counter()
+                rec.update(evaluate(engine, fmt, make_env, eval_tasks, cfg))
+                rec["time/eval"] = time.perf_counter() - te
+            logger.log(rec)
+            if t.checkpoint_every_steps and (step % t.checkpoint_every_steps == 0 or step == t.steps):
+                save_checkpoint(run_dir, step, model, tokenizer, learner.optimizer, cfg)
+    finally:
+        logger.close()
+    return read_jsonl(run_dir / "metrics.jsonl")
