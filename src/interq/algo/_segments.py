@@ -27,7 +27,7 @@ from torch import Tensor
 @dataclass(frozen=True)
 class Structure:
     action_mask: Tensor  # [B, L] bool
-    seg_of_token: Tensor  # [B, L] long, segment id of each action token, -1 elsewhere
+    seg_of_token: Tensor  # [B, L] long, segment id of each action token, S (a dummy id) elsewhere
     num_segments: int  # S
     unit_of_seg: Tensor  # [S] long, unit of each segment
     seg_dup_weight: Tensor  # [S] float64, 1 / (number of segments of its unit)
@@ -36,7 +36,7 @@ class Structure:
     unit_rank: Tensor  # [U] long, 1-based turn number inside its trajectory (t of spec §7)
     unit_first: Tensor  # [U] long, index of the first unit of the same trajectory
     num_trajs: int
-    unit_of_action_token: Tensor  # [N_action] long, unit of every action token (row-major order)
+    unit_of_token: Tensor  # [B, L] long, unit id of each action token, U (a dummy id) elsewhere
     seg_is_unit: bool  # True when unit_of_seg is the identity (concatenated layout)
 
     def seg_to_unit_mean(self, seg_values: Tensor) -> Tensor:
@@ -48,9 +48,8 @@ class Structure:
 
     def unit_to_tokens(self, unit_values: Tensor, fill: float = 0.0) -> Tensor:
         """Broadcast a per-unit quantity to its action tokens; ``fill`` elsewhere.  [U] -> [B, L]"""
-        out = torch.full(self.action_mask.shape, fill, dtype=unit_values.dtype, device=unit_values.device)  # [B, L]
-        out[self.action_mask] = unit_values[self.unit_of_action_token]  # [N_action]
-        return out
+        ext = torch.cat([unit_values, unit_values.new_full((1,), fill)])  # [U + 1], the dummy id reads ``fill``
+        return ext[self.unit_of_token]  # [B, L]
 
     def history_sum(self, unit_values: Tensor) -> Tensor:
         """sum_{k in H_t} x[k], H_t = earlier turns of the same trajectory (spec §3).  [U] -> [U]"""
@@ -84,11 +83,11 @@ def build_structure(action_mask: Tensor, traj_id: Tensor | None, turn_idx: Tenso
         prev[:, 1:] = action_mask[:, :-1]
         start = action_mask & ~prev  # [B, L], first token of each segment
         seg = torch.cumsum(start.reshape(-1), 0).reshape(B, L) - 1  # [B, L]
-        seg_of_token = torch.where(action_mask, seg, torch.full_like(seg, -1))  # [B, L]
         start_pos = start.nonzero()  # [S, 2] (row, col), row-major = segment order
         S = start_pos.shape[0]
+        seg_of_token = torch.where(action_mask, seg, torch.full_like(seg, S))  # [B, L]
         unit_traj = start_pos[:, 0]  # [S], the row is the trajectory
-        unit_rank = torch.cumsum(start.long(), 1)[start]  # [S], 1-based segment number in its row
+        unit_rank = torch.cumsum(start.long(), 1)[start_pos[:, 0], start_pos[:, 1]]  # [S], 1-based segment number in its row
         unit_of_seg = torch.arange(S, device=dev)  # [S]
         seg_dup_weight = torch.ones(S, dtype=torch.float64, device=dev)  # [S]
         unit_first = _first_of_block(unit_traj)  # [S]
@@ -103,7 +102,7 @@ def build_structure(action_mask: Tensor, traj_id: Tensor | None, turn_idx: Tenso
             unit_rank=unit_rank,
             unit_first=unit_first,
             num_trajs=B,
-            unit_of_action_token=seg_of_token[action_mask],  # [N_action]
+            unit_of_token=seg_of_token,  # [B, L]
             seg_is_unit=True,
         )
 
@@ -111,12 +110,12 @@ def build_structure(action_mask: Tensor, traj_id: Tensor | None, turn_idx: Tenso
     has_action = action_mask.any(dim=1)  # [B]
     seg_of_row = torch.cumsum(has_action.long(), 0) - 1  # [B]
     S = int(has_action.sum())
-    seg_of_token = torch.where(action_mask, seg_of_row[:, None].expand(B, L), torch.full((B, L), -1, device=dev))  # [B, L]
+    seg_of_token = torch.where(action_mask, seg_of_row[:, None].expand(B, L), torch.full((B, L), S, device=dev))  # [B, L]
     traj_s = traj_id[has_action]  # [S]
     turn_s = turn_idx[has_action]  # [S]
     if S == 0:
         empty = torch.zeros(0, dtype=torch.long, device=dev)
-        return Structure(action_mask, seg_of_token, 0, empty, empty.double(), 0, empty, empty, empty, 0, empty, False)
+        return Structure(action_mask, seg_of_token, 0, empty, empty.double(), 0, empty, empty, empty, 0, seg_of_token, False)
     traj_vals, traj_dense = torch.unique(traj_s, return_inverse=True)  # [T], [S]
     turn_vals, turn_dense = torch.unique(turn_s, return_inverse=True)  # [K], [S]
     n_turn_vals = turn_vals.numel()
@@ -138,6 +137,6 @@ def build_structure(action_mask: Tensor, traj_id: Tensor | None, turn_idx: Tenso
         unit_rank=unit_rank,
         unit_first=unit_first,
         num_trajs=traj_vals.numel(),
-        unit_of_action_token=unit_of_seg[seg_of_token[action_mask]],  # [N_action]
+        unit_of_token=torch.cat([unit_of_seg, unit_of_seg.new_full((1,), U)])[seg_of_token],  # [B, L]
         seg_is_unit=False,
     )

@@ -189,19 +189,26 @@ class _Batch:
     seg_D: Tensor  # [S] sum of delta over the segment's valid tokens
     seg_n: Tensor  # [S] number of valid tokens
     seg_abs: Tensor  # [S] sum of |delta|
+    idx_flat: Tensor  # [B*L] segment id of each valid token, S (dummy bucket) for every other token
     _support: Tensor | None = None
+
+    def seg_sum(self, token_values: Tensor) -> Tensor:
+        """Sum of a token quantity (0 where not valid) over each segment.  [B, L] -> [S]"""
+        S = self.st.num_segments
+        out = torch.zeros(S + 1, dtype=token_values.dtype, device=token_values.device)  # [S + 1]
+        return out.index_add_(0, self.idx_flat, token_values.reshape(-1))[:S]  # [S]
 
     def support(self) -> Tensor:
         """Effective support s of every segment (§2), 1 for segments without a valid token.  [S]"""
         if self._support is None:
-            st = self.st
-            idx = st.seg_of_token[self.valid]  # [N]
-            d = self.delta[self.valid]  # [N]
-            mx = torch.full((st.num_segments,), -math.inf, dtype=d.dtype, device=d.device)  # [S]
-            mx.scatter_reduce_(0, idx, d, reduce="amax", include_self=True)
-            r = torch.exp(d - mx[idx])  # [N], in (0, 1]
-            sr = torch.zeros_like(mx).index_add_(0, idx, r)  # [S]
-            sr2 = torch.zeros_like(mx).index_add_(0, idx, r * r)  # [S]
+            S = self.st.num_segments
+            d = self.delta.reshape(-1)  # [B*L]
+            mx = torch.full((S + 1,), -math.inf, dtype=d.dtype, device=d.device)  # [S + 1]
+            mx.scatter_reduce_(0, self.idx_flat, d, reduce="amax", include_self=True)
+            r = torch.exp(d - mx[self.idx_flat]).reshape(self.delta.shape)  # [B, L], in (0, 1] on valid tokens
+            r = torch.where(self.valid, r, torch.zeros_like(r))  # [B, L]
+            sr = self.seg_sum(r)  # [S]
+            sr2 = self.seg_sum(r * r)  # [S]
             s = sr * sr / (self.seg_n * sr2).clamp(min=1e-300)  # [S]
             self._support = torch.where(self.seg_n > 0, s.clamp(max=1.0), torch.ones_like(s))  # [S]
         return self._support
@@ -215,20 +222,25 @@ def _prepare(proximal: Tensor, behavior: Tensor, action_mask: Tensor, traj_id: T
     delta_raw = torch.where(valid, p - b, zero)  # [B, L]
     delta = delta_raw.clamp(-DELTA_CLAMP, DELTA_CLAMP)  # [B, L]
     st = build_structure(action_mask, traj_id, turn_idx)
-    idx = st.seg_of_token[valid]  # [N]
-    d = delta[valid]  # [N]
     S = st.num_segments
-    seg_D = torch.zeros(S, dtype=torch.float64, device=p.device).index_add_(0, idx, d)  # [S]
-    seg_n = torch.zeros(S, dtype=torch.float64, device=p.device).index_add_(0, idx, torch.ones_like(d))  # [S]
-    seg_abs = torch.zeros(S, dtype=torch.float64, device=p.device).index_add_(0, idx, d.abs())  # [S]
-    return _Batch(st, delta_raw, delta, valid, seg_D, seg_n, seg_abs)
+    idx_flat = torch.where(valid, st.seg_of_token, torch.full_like(st.seg_of_token, S)).reshape(-1)  # [B*L]
+    bt = _Batch(st, delta_raw, delta, valid, zero[:0], zero[:0], zero[:0], idx_flat)
+    bt.seg_D = bt.seg_sum(delta)  # [S]
+    bt.seg_n = bt.seg_sum(valid.to(torch.float64))  # [S]
+    bt.seg_abs = bt.seg_sum(delta.abs())  # [S]
+    return bt
+
+
+def _log_w_token(bt: _Batch, cfg: CorrectionConfig) -> Tensor:
+    """log of the token TIS factor min(exp(delta), C) (§3), or 0 when the token correction is off.  [B, L]"""
+    if not cfg.token_correction:
+        return torch.zeros_like(bt.delta)
+    return bt.delta.clamp(max=math.log(cfg.tis_cap))  # [B, L]
 
 
 def _w_token(bt: _Batch, cfg: CorrectionConfig) -> Tensor:
     """Token TIS factor min(exp(delta), C) (§3), or 1 when the token correction is off.  [B, L]"""
-    if not cfg.token_correction:
-        return torch.ones_like(bt.delta)
-    return torch.exp(bt.delta).clamp(max=cfg.tis_cap)  # [B, L]
+    return torch.exp(_log_w_token(bt, cfg))  # [B, L]
 
 
 @dataclass
@@ -256,7 +268,7 @@ def _interq_turns(bt: _Batch, budget: float, uniform_support: bool) -> _PrefixPa
 
 
 # ---------------------------------------------------------------------------------------------------
-# Methods: one function each, (weights [B, L], keep [B, L], lambda_ [B, L] | None, extra metrics)
+# Methods: one function each -> (weights [B, L], keep [B, L], Lambda per turn [U] | None, extra metrics)
 
 _Out = tuple[Tensor, Tensor, "Tensor | None", dict]
 
@@ -304,7 +316,7 @@ def _prefix_is(bt: _Batch, cfg: CorrectionConfig) -> _Out:
     raw = st.history_sum(st.seg_to_unit_mean(bt.seg_D))  # [U] sum_{k<t} D[k]
     log_w = raw.clamp(max=math.log(cfg.prefix_cap))  # [U] log min(exp(P), C_prefix)
     lam = st.unit_to_tokens(log_w)  # [B, L]
-    return torch.exp(lam) * _w_token(bt, cfg), bt.valid, lam, {}
+    return torch.exp(lam + _log_w_token(bt, cfg)), bt.valid, log_w, {}  # min(exp(P), C_prefix) * w_token
 
 
 def _interq_common(bt: _Batch, cfg: CorrectionConfig, uniform: bool) -> _Out:
@@ -312,7 +324,7 @@ def _interq_common(bt: _Batch, cfg: CorrectionConfig, uniform: bool) -> _Out:
     lam = bt.st.unit_to_tokens(parts.Lambda)  # [B, L]
     nonempty = bt.st.seg_to_unit_mean(bt.seg_n) > 0  # [U]
     extra = M.interq_metrics(parts.kappa, parts.support, parts.Lambda, nonempty)
-    return torch.exp(lam) * _w_token(bt, cfg), bt.valid, lam, extra
+    return torch.exp(lam + _log_w_token(bt, cfg)), bt.valid, parts.Lambda, extra  # w_prefix * w_token
 
 
 def _interq(bt: _Batch, cfg: CorrectionConfig) -> _Out:
@@ -359,23 +371,24 @@ def compute_correction(
         raise TypeError(f"config must be a CorrectionConfig, got {type(config).__name__}")
     p, b, mask, tid, tix = _validate(proximal_logprobs, behavior_logprobs, action_mask, traj_id, turn_idx)
     bt = _prepare(p, b, mask, tid, tix)
-    w, keep, lam, extra = _REGISTRY[m](bt, config)
+    w, keep, lam_unit, extra = _REGISTRY[m](bt, config)
     w = torch.where(keep, w, torch.zeros_like(w))  # [B, L]
-    if config.normalize and bool(keep.any()):
-        w = w / w[keep].mean()
+    n_keep = keep.sum()
+    if config.normalize and int(n_keep) > 0:
+        w = w / (w.sum() / n_keep)  # [B, L], mean 1 over the kept tokens
     metrics = M.mismatch_metrics(bt.delta_raw, mask, bt.valid)
     metrics.update(M.weight_metrics(w, keep, mask))
     metrics.update(extra)
-    metrics.update(_turn_metrics(bt, lam))
+    metrics.update(_turn_metrics(bt, lam_unit))
     return Correction(
         weights=w.to(torch.float32),
         keep_mask=keep,
         metrics=metrics,
-        lambda_=None if lam is None else lam.to(torch.float32),
+        lambda_=None if lam_unit is None else bt.st.unit_to_tokens(lam_unit).to(torch.float32),
     )
 
 
-def _turn_metrics(bt: _Batch, lam_tokens: Tensor | None) -> dict[str, float]:
+def _turn_metrics(bt: _Batch, lam_unit: Tensor | None) -> dict[str, float]:
     """Per-turn accumulation curves of §7 (one value per distinct turn, duplicates counted once)."""
     st = bt.st
     if st.num_units == 0:
@@ -386,11 +399,8 @@ def _turn_metrics(bt: _Batch, lam_tokens: Tensor | None) -> dict[str, float]:
         "abs_delta_mean": (st.seg_to_unit_mean(bt.seg_abs), st.seg_to_unit_mean(bt.seg_n)),
         "abs_prefix_logratio": (raw.abs(), ones),
     }
-    if lam_tokens is not None:
-        # every token of a turn carries the turn's Lambda; read it back per turn from the first token
-        first_tok = torch.zeros(st.num_units, dtype=torch.float64, device=ones.device)  # [U]
-        first_tok.index_copy_(0, st.unit_of_action_token, lam_tokens[st.action_mask])
-        curves["abs_Lambda"] = (first_tok.abs(), ones)
+    if lam_unit is not None:
+        curves["abs_Lambda"] = (lam_unit.abs(), ones)
     return M.turn_curve_metrics(st.unit_rank, curves)
 
 

@@ -53,37 +53,41 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
 
 
 def mismatch_metrics(delta_raw: Tensor, action_mask: Tensor, finite_mask: Tensor) -> dict[str, float]:
-    """``mismatch/*`` of §7.  ``delta_raw`` [B, L] = proximal - behavior (any value off ``finite_mask``);
+    """``mismatch/*`` of §7.  ``delta_raw`` [B, L] = proximal - behavior, 0 off ``finite_mask``;
     ``finite_mask`` [B, L] bool = action tokens whose two log-probs are finite."""
+    f = finite_mask.to(torch.float64)  # [B, L]
+    d = torch.where(finite_mask, delta_raw.to(torch.float64), torch.zeros((), dtype=torch.float64))  # [B, L]
+    dc = d.clamp(-20.0, 20.0)  # [B, L]
+    rho = torch.exp(dc)  # [B, L]
+    n = f.sum()
     n_action = action_mask.sum()
-    d = delta_raw[finite_mask].to(torch.float64)  # [N]
-    n = d.numel()
-    dc = d.clamp(-20.0, 20.0)  # [N]
-    rho = torch.exp(dc)  # [N]
-    if n:
-        stats = torch.stack([(-d).mean(), (rho - dc - 1.0).mean(), ((rho - 1.0) ** 2).mean(), d.abs().mean()])
-    else:
-        stats = torch.zeros(4, dtype=torch.float64)
-    nonfinite = (n_action - n) / n_action if int(n_action) else torch.tensor(0.0)
-    k1, k3, chi2, absd = stats.tolist()
+    sums = torch.stack([(-d).sum(), ((rho - dc - 1.0) * f).sum(), ((rho - 1.0) ** 2 * f).sum(), d.abs().sum()])  # [4]
+    k1, k3, chi2, absd = _safe_div(sums, n.expand(4)).tolist()
+    nonfinite = float(_safe_div((n_action - n).to(torch.float64), n_action.to(torch.float64)))
     return {
         "mismatch/k1": k1,
         "mismatch/k3": k3,
         "mismatch/chi2_token": chi2,
         "mismatch/abs_delta_mean": absd,
-        "mismatch/nonfinite_frac": float(nonfinite),
+        "mismatch/nonfinite_frac": nonfinite,
     }
 
 
 def weight_metrics(weights: Tensor, keep_mask: Tensor, action_mask: Tensor) -> dict[str, float]:
     """``weights/*`` of §7 over the kept action tokens.  weights [B, L], keep_mask/action_mask [B, L] bool."""
-    w = weights[keep_mask].to(torch.float64)  # [N_kept]
+    k = keep_mask.to(torch.float64)  # [B, L]
+    w = weights.to(torch.float64) * k  # [B, L], 0 off the keep-mask
+    n = int(k.sum())
     n_action = int(action_mask.sum())
-    if w.numel():
-        mean = w.mean()
-        std = w.std(unbiased=False)
-        ess = 1.0 / ((w / mean) ** 2).mean() if float(mean) > 0 else torch.tensor(0.0, dtype=torch.float64)
-        vals = torch.stack([mean, std, w.min(), w.max(), ess]).tolist()
+    if n:
+        mean = w.sum() / n
+        var = (((w - mean) * k) ** 2).sum() / n
+        m2 = (w * w).sum() / n
+        ess = mean * mean / m2 if float(m2) > 0 else torch.zeros((), dtype=torch.float64)  # 1 / mean((w / mean w)^2)
+        inf = torch.tensor(torch.inf, dtype=torch.float64)
+        wmin = torch.where(keep_mask, weights.to(torch.float64), inf).min()
+        wmax = torch.where(keep_mask, weights.to(torch.float64), -inf).max()
+        vals = torch.stack([mean, var.sqrt(), wmin, wmax, ess]).tolist()
     else:
         vals = [0.0] * 5
     return {
@@ -92,7 +96,7 @@ def weight_metrics(weights: Tensor, keep_mask: Tensor, action_mask: Tensor) -> d
         "weights/min": vals[2],
         "weights/max": vals[3],
         "weights/ess": vals[4],
-        "weights/keep_frac": (w.numel() / n_action) if n_action else 0.0,
+        "weights/keep_frac": (n / n_action) if n_action else 0.0,
     }
 
 
