@@ -17,7 +17,7 @@ chunk, so the last column is always real for the rows that sample). The attentio
 column; position ids count only the row's real tokens, so an episode sees exactly the positions it would see
 alone (batched == one-by-one). The last sampled token of a turn is fed at the start of the next turn's prefill.
 When episodes leave the batch their rows are dropped from the cache, and cache columns that no remaining row
-attends to are dropped too (for ``DynamicLayer`` storage).
+attends to are dropped too (for ``DynamicLayer`` storage and subclasses).
 """
 
 from __future__ import annotations
@@ -308,18 +308,26 @@ class EpisodeBatch:
             self._compact_columns()
 
     def _compact_columns(self) -> None:
+        """Drop cache columns that no remaining row attends to.
+
+        Done for ``DynamicLayer`` storage and its subclasses (e.g. the 8-bit ``QuantKVLayer``): every 4-D tensor
+        attribute of the layer whose dim -2 is the cache length (keys, values, per-token scales) is sliced.
+        Other caches keep their masked columns (correct, only slower).
+        """
         used = self._mask.any(dim=0)  # [K]
         if bool(used.all()):
             return
+        k = int(used.shape[0])
         layers = getattr(self._cache, "layers", None)
-        # Only plain DynamicLayer storage is sliced here; other caches keep their (masked) columns.
-        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        if not layers or any(not isinstance(layer, DynamicLayer) or getattr(layer, "is_sliding", False) for layer in layers):
             return
         cols = used.nonzero().squeeze(-1)  # [K']
         for layer in layers:
-            if layer.is_initialized and layer.keys is not None and layer.keys.numel():
-                layer.keys = layer.keys.index_select(-2, cols)
-                layer.values = layer.values.index_select(-2, cols)
+            if not layer.is_initialized:
+                continue
+            for name, value in list(vars(layer).items()):
+                if isinstance(value, torch.Tensor) and value.ndim == 4 and value.shape[-2] == k:
+                    setattr(layer, name, value.index_select(-2, cols.to(value.device)))
         self._mask = self._mask.index_select(1, cols)  # [R, K']
 
 
