@@ -131,7 +131,8 @@ def test_alfworld_text():
         ("close fridge 1", "You close the fridge 1."),
         ("go to sinkbasin 1", "You arrive at sinkbasin 1. On the sinkbasin 1, you see nothing."),
         ("clean apple 1 with sinkbasin 1", "You clean the apple 1 using the sinkbasin 1."),
-        ("  Go To   Microwave 1 ", "You arrive at microwave 1. The microwave 1 is closed."),
+        (env.parse_action("<action>  Go To   Microwave 1 </action>").action,
+         "You arrive at microwave 1. The microwave 1 is closed."),
         ("heat apple 1 with microwave 1", "You heat the apple 1 using the microwave 1."),
         ("examine apple 1", "This is a hot and clean apple 1."),
         ("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see a knife 1, and a mug 1."),
@@ -142,6 +143,8 @@ def test_alfworld_text():
         assert r.observation.text == text, action
         assert r.info["valid_action"] and not r.terminated
     assert "take mug 1 from countertop 1" not in r.observation.admissible_actions   # hands full
+    assert "go to countertop 1" not in r.observation.admissible_actions              # already there
+    assert env.step("Move apple 1 to countertop 1").observation.text == "Nothing happens."   # exact, like TextWorld
     r = env.step("move apple 1 to countertop 1")
     assert r.observation.text == "You move the apple 1 to the countertop 1."
     assert r.terminated and r.info["won"] and r.reward == 10.0 and not r.truncated

@@ -6,7 +6,7 @@ Rules follow ALFWorld's PDDL domain (``alfworld/data/alfred.pddl``) and text fol
 =====================  ==============================================  ====================================
 command                precondition (admissible when)                  feedback
 =====================  ==============================================  ====================================
-``go to R``            always, every receptacle (also the current one)  "You arrive at R. " + examine R
+``go to R``            R is not where the agent is                      "You arrive at R. " + examine R
 ``open R``/``close R`` at R, R openable and closed / open               "You open the R. " + examine R /
                                                                          "You close the R."
 ``take O from R``      at R, O in R, R open or not openable, hands      "You pick up the O from the R."
@@ -26,14 +26,17 @@ with R``               sinkbasin, O heatable / coolable / cleanable
 =====================  ==============================================  ====================================
 
 Anything else (including an admissible-looking command whose precondition fails) answers
-"Nothing happens." and leaves the state unchanged. Commands are matched after stripping, lower-casing
-and collapsing blanks. Lists read as ALFWorld's ("a apple 1, a bread 1, and a cup 2", "nothing"), in
+"Nothing happens." and leaves the state unchanged. As in TextWorld, a command must equal an admissible
+command after stripping surrounding blanks (case and inner blanks matter; ``parse_action`` lower-cases
+and collapses blanks before that). Lists read as ALFWorld's ("a apple 1, a bread 1, and a cup 2", "nothing"), in
 (type, number descending) order. Goals are ALFWorld's PDDL goals: an object of the target type (hot /
 cool / clean when the type asks) in a receptacle of the target type; two distinct ones in the same
 receptacle for ``pick_two_obj``; for ``look_at_obj_in_light`` the agent holds an object of the target
 type at the location of a lamp of the target type that has been turned on.
 
 Each receptacle is its own location and the agent starts in the middle of the room (at no receptacle).
+``go to`` the receptacle the agent is at is not admissible: Fast Downward drops that grounding of
+GotoLocation as a no-op (its only effect re-adds ``atLocation``), so TextWorld never lists it.
 ``admissible_commands()`` returns ALFWorld's list including ``help``; the environment drops ``help``
 from what the agent reads (as verl-agent does).
 """
@@ -174,7 +177,8 @@ class HouseholdGame:
             return self._admissible
         cmds: dict[str, tuple] = {"look": ("look",), "inventory": ("inventory",), "help": ("help",)}
         for r in self._rec:
-            cmds[f"go to {r}"] = ("goto", r)
+            if r != self.location:
+                cmds[f"go to {r}"] = ("goto", r)
         held = self.held
         if held is not None:
             cmds[f"examine {held}"] = ("examine_obj", held)
@@ -212,7 +216,7 @@ class HouseholdGame:
 
     def step(self, command: str) -> tuple[str, bool]:
         """Apply one command. Returns (feedback, valid); invalid commands change nothing."""
-        op = self._admissible_map().get(normalize_command(command))
+        op = self._admissible_map().get(str(command).strip())
         if op is None:
             return NOTHING_HAPPENS, False
         kind = op[0]

@@ -4,8 +4,8 @@ Episode contract (verl-agent's ALFWorld conventions, envs.md):
 
 - ``reset(task)`` returns ALFWorld's intro without the TextWorld banner: "You are in the middle of a
   room. Looking quickly around you, you see ...\\n\\nYour task is to: put a clean apple in fridge."
-- ``step(action)``: the action is matched against the admissible commands after stripping,
-  lower-casing and collapsing blanks. An inadmissible or unparseable action (also "" and a 100 KB
+- ``step(action)``: the action must equal an admissible command after stripping (TextWorld's rule;
+  ``parse_action`` lower-cases and collapses blanks first). An inadmissible or unparseable action (also "" and a 100 KB
   string) answers "Nothing happens." with ``info["valid_action"] = False`` and costs a step.
 - Reward ``success_reward`` (default 10.0) on the step that completes the goal, else 0.0.
   Success terminates (``terminated=True``); reaching ``max_steps`` (default 50) without success
