@@ -244,3 +244,20 @@ def test_random_admissible_walks(index, picks):
             break
         e = env.expert_action()
         assert e in obs.admissible_actions
+
+
+def test_small_rooms_and_task_list_fast_path():
+    env = HouseholdEnv(size="small", split_sizes={"train": 24, "valid_seen": 6, "valid_unseen": 12})
+    full = HouseholdEnv(split_sizes={"train": 24})
+    for spec in env.tasks("train") + env.tasks("valid_unseen"):
+        w = env.world(spec)
+        assert w.goal.text == spec.description and w.goal.task_type == spec.task_type
+        counts = {}
+        for r in w.receptacles:
+            counts[r.type] = counts.get(r.type, 0) + 1
+        assert max(counts.values()) <= 2
+        assert play_expert(env, spec).info["won"]
+    assert [env.world(s) for s in env.tasks("train")] != [full.world(s) for s in full.tasks("train")]
+    assert [s.description for s in full.tasks("train")] == [full.world(s).goal.text for s in full.tasks("train")]
+    with pytest.raises(ValueError, match="size"):
+        HouseholdEnv(size="huge")

@@ -24,7 +24,7 @@ from typing import Iterable
 
 from ..base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action
 from .engine import HouseholdGame
-from .generator import DEFAULT_SPLIT_SIZES, SPLITS, generate_world, parse_task_id
+from .generator import DEFAULT_SPLIT_SIZES, SIZES, SPLITS, generate_goal, generate_world, parse_task_id
 from .world import HouseholdWorld
 
 
@@ -40,13 +40,19 @@ class HouseholdEnv:
             that split); used to replay exported or hand-written tasks.
         expert: "explore" (default; searches unchecked receptacles, consistent with what the agent
             sees) or "omniscient" (knows where everything is; shortest plans).
+        size: "full" (default, ALFRED-like rooms) or "small" (compact rooms: at most two receptacles
+            per type, no optional furniture, 2-4 distractor types; shorter prompts and plans for
+            CPU-scale training). Tasks are determined by (seed, size, split, index).
     """
 
     name = "household"
 
     def __init__(self, seed: int = 0, split_sizes: dict[str, int] | None = None, max_steps: int = 50,
                  success_reward: float = 10.0, worlds: Iterable[HouseholdWorld] | None = None,
-                 expert: str = "explore"):
+                 expert: str = "explore", size: str = "full"):
+        if size not in SIZES:
+            raise ValueError(f"size must be one of {list(SIZES)}; got {size!r}")
+        self.size = size
         if expert not in ("explore", "omniscient"):
             raise ValueError(f"expert must be 'explore' or 'omniscient'; got {expert!r}")
         self.expert = expert
@@ -90,14 +96,20 @@ class HouseholdEnv:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}")
         if split not in self._task_lists:
-            self._task_lists[split] = [self.spec_of(self._world_for(split, i)) for i in range(self.split_sizes[split])]
+            specs = []
+            for i in range(self.split_sizes[split]):
+                w = self._cache.get(f"{split}-{i:05d}")
+                g = w.goal if w is not None else generate_goal(split, i, self.seed, size=self.size)
+                specs.append(TaskSpec(env="household", task_id=f"{split}-{i:05d}", split=split, task_type=g.task_type,
+                                      description=g.text))
+            self._task_lists[split] = specs
         return list(self._task_lists[split])
 
     def _world_for(self, split: str, index: int) -> HouseholdWorld:
         key = f"{split}-{index:05d}"
         w = self._cache.get(key)
         if w is None:
-            w = generate_world(split, index, self.seed)
+            w = generate_world(split, index, self.seed, size=self.size)
             self._cache[key] = w
         return w
 

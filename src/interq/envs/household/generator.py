@@ -144,9 +144,44 @@ def _rng(*parts: object) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
+SIZES: tuple[str, ...] = ("full", "small")
+SMALL_MAX_PER_TYPE = 2
+
+
+def _check_size(size: str) -> None:
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {list(SIZES)}; got {size!r}")
+
+
 @functools.lru_cache(maxsize=None)
-def scene_layout(scene: int) -> SceneLayout:
-    """The fixed layout of a scene (deterministic in the scene number alone)."""
+def scene_layout(scene: int, size: str = "full") -> SceneLayout:
+    """The fixed layout of a scene (deterministic in the scene number and size).
+
+    ``size="small"`` derives a compact room from the full one: only the receptacle types every room
+    of that kind has, at most two of each (shorter admissible lists and plans, for CPU-scale training).
+    """
+    _check_size(size)
+    full = _full_layout(scene)
+    if size == "full":
+        return full
+    required = {t for t, lo, _ in _ROOM_RECEPTACLES[full.room] if lo > 0}
+    counts = tuple((t, min(n, SMALL_MAX_PER_TYPE)) for t, n in full.receptacle_counts if t in required)
+    rtypes = {t for t, _ in counts}
+    lamp_type, lamp_host = full.lamp_type, None
+    if lamp_type is not None:
+        ht, _, hn = full.lamp_host.rpartition(" ")
+        if ht in rtypes:
+            lamp_host = f"{ht} {min(int(hn), dict(counts)[ht])}"
+        else:
+            hosts = sorted(t for t in rtypes if t in LAMP_HOSTS)
+            lamp_host = f"{hosts[0]} 1" if hosts else None
+            lamp_type = lamp_type if hosts else None
+    object_types = tuple(t for t in full.object_types if any(can_contain(r, t) for r in rtypes))
+    return SceneLayout(scene, full.room, counts, object_types, lamp_type, lamp_host)
+
+
+@functools.lru_cache(maxsize=None)
+def _full_layout(scene: int) -> SceneLayout:
     room = room_of_scene(scene)
     rng = _rng("household-scene", scene)
     counts: list[tuple[str, int]] = []
@@ -202,13 +237,27 @@ def _has_property(task_type: str, otype: str) -> bool:
     return True
 
 
-def generate_world(split: str, index: int, seed: int = 0, task_type: str | None = None) -> HouseholdWorld:
-    """Generate task ``index`` of ``split`` (deterministic in ``(split, index, seed)``).
+def generate_world(split: str, index: int, seed: int = 0, task_type: str | None = None,
+                   size: str = "full") -> HouseholdWorld:
+    """Generate task ``index`` of ``split`` (deterministic in ``(split, index, seed, size)``).
 
     ``task_type`` overrides the round-robin type (the task id then gets a ``-<type>`` suffix so ids
-    stay unique). Raises ValueError for an unknown split or task type or a negative index.
+    stay unique). ``size``: "full" (ALFRED-like rooms) or "small" (compact rooms, fewer distractors;
+    see :func:`scene_layout`). Raises ValueError for an unknown split, task type or size, or a
+    negative index.
     """
+    return _generate(split, index, seed, task_type, size, goal_only=False)
+
+
+def generate_goal(split: str, index: int, seed: int = 0, task_type: str | None = None,
+                  size: str = "full") -> GoalSpec:
+    """Just the goal of :func:`generate_world` (same draws, no placement: faster for task lists)."""
+    return _generate(split, index, seed, task_type, size, goal_only=True)
+
+
+def _generate(split, index, seed, task_type, size, goal_only):
     _check_split(split)
+    _check_size(size)
     if not isinstance(index, int) or index < 0:
         raise ValueError(f"index must be a non-negative int; got {index!r}")
     if task_type is None:
@@ -221,16 +270,17 @@ def generate_world(split: str, index: int, seed: int = 0, task_type: str | None 
         task_id = f"{task_id_for(split, index)}-{task_type}"
     rng = _rng("household-task", seed, split, index, ttype)
     for _attempt in range(200):
-        world = _try_generate(rng, split, ttype, task_id, seed)
+        world = _try_generate(rng, split, ttype, task_id, seed, size, goal_only)
         if world is not None:
             return world
     raise RuntimeError(f"could not generate a {ttype} task for {split}/{index} (seed {seed})")  # pragma: no cover
 
 
-def _try_generate(rng: random.Random, split: str, ttype: str, task_id: str, seed: int) -> HouseholdWorld | None:
+def _try_generate(rng: random.Random, split: str, ttype: str, task_id: str, seed: int, size: str,
+                  goal_only: bool) -> HouseholdWorld | GoalSpec | None:
     room = rng.choice(ROOMS_FOR_TASK[ttype])
     scene = rng.choice(split_scenes(split, room))
-    lay = scene_layout(scene)
+    lay = scene_layout(scene, size)
     rtypes = [t for t, _ in lay.receptacle_counts]
     appliance = APPLIANCE.get(ttype)
     if appliance is not None and appliance not in rtypes:
@@ -238,7 +288,7 @@ def _try_generate(rng: random.Random, split: str, ttype: str, task_id: str, seed
     if ttype == "look_at_obj_in_light" and lay.lamp_type is None:
         return None
 
-    candidates = _candidates(scene, ttype)
+    candidates = _candidates(scene, ttype, size)
     if not candidates:
         return None
     otype, gtype = rng.choice(candidates)
@@ -247,18 +297,24 @@ def _try_generate(rng: random.Random, split: str, ttype: str, task_id: str, seed
     goal = GoalSpec(task_type=ttype, object_type=otype, receptacle_type=gtype,
                     toggle_type=lay.lamp_type if ttype == "look_at_obj_in_light" else None,
                     mrecep_type=None, object_sliced=False, text=text)
+    if goal_only:
+        return goal
 
     # placement
-    n_target = rng.randint(2, 3) if ttype == "pick_two_obj" else rng.randint(1, 3)
+    small = size == "small"
+    if ttype == "pick_two_obj":
+        n_target = 2 if small else rng.randint(2, 3)
+    else:
+        n_target = rng.randint(1, 2) if small else rng.randint(1, 3)
     others = [t for t in lay.object_types if t != otype]
     rng.shuffle(others)
-    n_types = min(len(others), rng.randint(5, 10))
+    n_types = min(len(others), rng.randint(2, 4) if small else rng.randint(5, 10))
     counts: dict[str, int] = {otype: n_target}
     for t in others[:n_types]:
-        counts[t] = rng.choices((1, 2, 3), weights=(6, 3, 1))[0]
+        counts[t] = 1 if small else rng.choices((1, 2, 3), weights=(6, 3, 1))[0]
     objects: list[ObjectSpec] = []
     for ot in sorted(counts):
-        hosts = _hosts(scene, ot, gtype if ot == otype else None)
+        hosts = _hosts(scene, ot, gtype if ot == otype else None, size)
         if not hosts:
             continue
         for k in range(1, counts[ot] + 1):
@@ -277,9 +333,9 @@ def _try_generate(rng: random.Random, split: str, ttype: str, task_id: str, seed
 
 
 @functools.lru_cache(maxsize=None)
-def _candidates(scene: int, ttype: str) -> tuple[tuple[str, str | None], ...]:
+def _candidates(scene: int, ttype: str, size: str) -> tuple[tuple[str, str | None], ...]:
     """(object type, goal receptacle type) pairs a task of this type can use in this scene."""
-    lay = scene_layout(scene)
+    lay = scene_layout(scene, size)
     rtypes = [t for t, _ in lay.receptacle_counts]
     appliance = APPLIANCE.get(ttype)
     out = []
@@ -295,22 +351,22 @@ def _candidates(scene: int, ttype: str) -> tuple[tuple[str, str | None], ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def _hosts(scene: int, otype: str, exclude_type: str | None) -> tuple[str, ...]:
+def _hosts(scene: int, otype: str, exclude_type: str | None, size: str) -> tuple[str, ...]:
     """Receptacle names of the scene that can hold ``otype`` (minus those of ``exclude_type``)."""
-    lay = scene_layout(scene)
+    lay = scene_layout(scene, size)
     return tuple(f"{t} {i}" for t, n in lay.receptacle_counts for i in range(1, n + 1)
                  if can_contain(t, otype) and t != exclude_type)
 
 
-def generate_split(split: str, n: int | None = None, seed: int = 0) -> list[HouseholdWorld]:
+def generate_split(split: str, n: int | None = None, seed: int = 0, size: str = "full") -> list[HouseholdWorld]:
     """The first ``n`` tasks of a split (default: ALFWorld's size for it)."""
     _check_split(split)
     n = DEFAULT_SPLIT_SIZES[split] if n is None else n
-    return [generate_world(split, i, seed) for i in range(n)]
+    return [generate_world(split, i, seed, size=size) for i in range(n)]
 
 
 __all__ = [
     "SPLITS", "DEFAULT_SPLIT_SIZES", "ROOM_SCENES", "ROOMS_FOR_TASK", "SceneLayout", "scene_layout",
     "is_unseen_scene", "split_scenes", "room_of_scene", "task_id_for", "parse_task_id", "generate_world",
-    "generate_split", "CAN_CONTAIN",
+    "generate_split", "generate_goal", "SIZES", "CAN_CONTAIN",
 ]
