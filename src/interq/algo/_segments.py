@@ -49,7 +49,7 @@ class Structure:
     def unit_to_tokens(self, unit_values: Tensor, fill: float = 0.0) -> Tensor:
         """Broadcast a per-unit quantity to its action tokens; ``fill`` elsewhere.  [U] -> [B, L]"""
         ext = torch.cat([unit_values, unit_values.new_full((1,), fill)])  # [U + 1], the dummy id reads ``fill``
-        return ext[self.unit_of_token]  # [B, L]
+        return torch.take(ext, self.unit_of_token)  # [B, L]
 
     def history_sum(self, unit_values: Tensor) -> Tensor:
         """sum_{k in H_t} x[k], H_t = earlier turns of the same trajectory (spec §3).  [U] -> [U]"""
@@ -85,12 +85,12 @@ def build_structure(action_mask: Tensor, traj_id: Tensor | None, turn_idx: Tenso
         seg = torch.cumsum(start.reshape(-1), 0).reshape(B, L) - 1  # [B, L]
         start_pos = start.nonzero()  # [S, 2] (row, col), row-major = segment order
         S = start_pos.shape[0]
-        seg_of_token = torch.where(action_mask, seg, torch.full_like(seg, S))  # [B, L]
+        seg_of_token = torch.where(action_mask, seg, S)  # [B, L]
         unit_traj = start_pos[:, 0]  # [S], the row is the trajectory
-        unit_rank = torch.cumsum(start.long(), 1)[start_pos[:, 0], start_pos[:, 1]]  # [S], 1-based segment number in its row
         unit_of_seg = torch.arange(S, device=dev)  # [S]
         seg_dup_weight = torch.ones(S, dtype=torch.float64, device=dev)  # [S]
-        unit_first = _first_of_block(unit_traj)  # [S]
+        unit_first = _first_of_block(unit_traj)  # [S], first segment of the same row
+        unit_rank = unit_of_seg - unit_first + 1  # [S], 1-based segment number in its row
         return Structure(
             action_mask=action_mask,
             seg_of_token=seg_of_token,
@@ -110,7 +110,7 @@ def build_structure(action_mask: Tensor, traj_id: Tensor | None, turn_idx: Tenso
     has_action = action_mask.any(dim=1)  # [B]
     seg_of_row = torch.cumsum(has_action.long(), 0) - 1  # [B]
     S = int(has_action.sum())
-    seg_of_token = torch.where(action_mask, seg_of_row[:, None].expand(B, L), torch.full((B, L), S, device=dev))  # [B, L]
+    seg_of_token = torch.where(action_mask, seg_of_row[:, None].expand(B, L), S)  # [B, L]
     traj_s = traj_id[has_action]  # [S]
     turn_s = turn_idx[has_action]  # [S]
     if S == 0:

@@ -96,8 +96,8 @@ def _group_metrics(prefix: str, x: Tensor, gid: Tensor, G: int, adv: Tensor) -> 
     if x.numel() == 0:
         return {f"{prefix}/adv_mean": 0.0, f"{prefix}/adv_std": 0.0, f"{prefix}/singleton_frac": 0.0, f"{prefix}/zero_std_group_frac": 0.0, f"{prefix}/num_groups": 0.0}
     cnt = torch.bincount(gid, minlength=G)  # [G]
-    mx = torch.full((G,), -torch.inf, dtype=torch.float64).scatter_reduce_(0, gid, x, "amax")  # [G]
-    mn = torch.full((G,), torch.inf, dtype=torch.float64).scatter_reduce_(0, gid, x, "amin")  # [G]
+    mx = torch.full((G,), -torch.inf, dtype=torch.float64, device=x.device).scatter_reduce_(0, gid, x, "amax")  # [G]
+    mn = torch.full((G,), torch.inf, dtype=torch.float64, device=x.device).scatter_reduce_(0, gid, x, "amin")  # [G]
     multi = cnt > 1
     zero_std = ((mx == mn) & multi).sum() / multi.sum().clamp(min=1)
     return {
@@ -157,7 +157,7 @@ def gigpo_advantages(
     anc, _ = group_index(anchor_keys, "anchor_keys", M_)
     ep, grp, anc = ep.to(r.device), grp.to(r.device), anc.to(r.device)
     if M_ == 0:
-        return torch.zeros(0), {}
+        return torch.zeros(0, device=r.device), {}
     # task group of each episode; an episode must not span two groups
     ep_grp = torch.full((E,), -1, dtype=torch.long, device=r.device).scatter_(0, ep, grp)  # [E]
     if bool((ep_grp[ep] != grp).any()):
@@ -205,4 +205,4 @@ def broadcast_to_tokens(values: Tensor, action_mask: Tensor, index: Tensor | Non
     if v.shape != (action_mask.shape[0],):
         raise ValueError(f"values (after index) must have shape [R] = ({action_mask.shape[0]},), got {tuple(v.shape)}")
     v = v.detach().to(torch.float32)
-    return torch.where(action_mask, v[:, None], torch.zeros((), dtype=torch.float32))  # [R, L]
+    return torch.where(action_mask, v[:, None], v.new_zeros(()))  # [R, L]

@@ -191,12 +191,19 @@ class _Batch:
     seg_abs: Tensor  # [S] sum of |delta|
     idx_flat: Tensor  # [B*L] segment id of each valid token, S (dummy bucket) for every other token
     _support: Tensor | None = None
+    _rho: Tensor | None = None
+
+    def rho(self) -> Tensor:
+        """Token ratio exp(delta) (clamped delta; 1 where not valid).  [B, L]"""
+        if self._rho is None:
+            self._rho = torch.exp(self.delta)  # [B, L]
+        return self._rho
 
     def seg_sum(self, token_values: Tensor) -> Tensor:
         """Sum of a token quantity (0 where not valid) over each segment.  [B, L] -> [S]"""
         S = self.st.num_segments
-        out = torch.zeros(S + 1, dtype=token_values.dtype, device=token_values.device)  # [S + 1]
-        return out.index_add_(0, self.idx_flat, token_values.reshape(-1))[:S]  # [S]
+        sums = torch.bincount(self.idx_flat, weights=token_values.reshape(-1).to(torch.float64), minlength=S + 1)  # [S + 1]
+        return sums[:S]  # [S], the dummy bucket S collects every other token
 
     def support(self) -> Tensor:
         """Effective support s of every segment (§2), 1 for segments without a valid token.  [S]"""
@@ -206,7 +213,7 @@ class _Batch:
             mx = torch.full((S + 1,), -math.inf, dtype=d.dtype, device=d.device)  # [S + 1]
             mx.scatter_reduce_(0, self.idx_flat, d, reduce="amax", include_self=True)
             r = torch.exp(d - mx[self.idx_flat]).reshape(self.delta.shape)  # [B, L], in (0, 1] on valid tokens
-            r = torch.where(self.valid, r, torch.zeros_like(r))  # [B, L]
+            r = torch.where(self.valid, r, 0.0)  # [B, L]
             sr = self.seg_sum(r)  # [S]
             sr2 = self.seg_sum(r * r)  # [S]
             s = sr * sr / (self.seg_n * sr2).clamp(min=1e-300)  # [S]
@@ -217,30 +224,29 @@ class _Batch:
 def _prepare(proximal: Tensor, behavior: Tensor, action_mask: Tensor, traj_id: Tensor | None, turn_idx: Tensor | None) -> _Batch:
     p = proximal.detach().to(torch.float64)  # [B, L]
     b = behavior.detach().to(torch.float64)  # [B, L]
-    valid = action_mask & torch.isfinite(p) & torch.isfinite(b)  # [B, L]
-    zero = torch.zeros_like(p)
-    delta_raw = torch.where(valid, p - b, zero)  # [B, L]
+    diff = p - b  # [B, L], finite iff both log-probs are finite (float64 cannot overflow here)
+    valid = action_mask & torch.isfinite(diff)  # [B, L]
+    delta_raw = torch.where(valid, diff, 0.0)  # [B, L]
     delta = delta_raw.clamp(-DELTA_CLAMP, DELTA_CLAMP)  # [B, L]
     st = build_structure(action_mask, traj_id, turn_idx)
     S = st.num_segments
-    idx_flat = torch.where(valid, st.seg_of_token, torch.full_like(st.seg_of_token, S)).reshape(-1)  # [B*L]
-    bt = _Batch(st, delta_raw, delta, valid, zero[:0], zero[:0], zero[:0], idx_flat)
+    idx_flat = torch.where(valid, st.seg_of_token, S).reshape(-1)  # [B*L]
+    empty = p.new_zeros(0)
+    bt = _Batch(st, delta_raw, delta, valid, empty, empty, empty, idx_flat)
     bt.seg_D = bt.seg_sum(delta)  # [S]
     bt.seg_n = bt.seg_sum(valid.to(torch.float64))  # [S]
     bt.seg_abs = bt.seg_sum(delta.abs())  # [S]
     return bt
 
 
-def _log_w_token(bt: _Batch, cfg: CorrectionConfig) -> Tensor:
-    """log of the token TIS factor min(exp(delta), C) (§3), or 0 when the token correction is off.  [B, L]"""
-    if not cfg.token_correction:
-        return torch.zeros_like(bt.delta)
-    return bt.delta.clamp(max=math.log(cfg.tis_cap))  # [B, L]
+def _tis_factor(bt: _Batch, cfg: CorrectionConfig) -> Tensor:
+    """Token TIS factor min(exp(delta), C) (§3, §4 ``tis``).  [B, L]"""
+    return bt.rho().clamp(max=cfg.tis_cap)  # [B, L]
 
 
-def _w_token(bt: _Batch, cfg: CorrectionConfig) -> Tensor:
-    """Token TIS factor min(exp(delta), C) (§3), or 1 when the token correction is off.  [B, L]"""
-    return torch.exp(_log_w_token(bt, cfg))  # [B, L]
+def _w_token(bt: _Batch, cfg: CorrectionConfig) -> Tensor | float:
+    """w_token of §3: the TIS factor, or 1 when the token correction is switched off.  [B, L]"""
+    return _tis_factor(bt, cfg) if cfg.token_correction else 1.0
 
 
 @dataclass
@@ -278,12 +284,12 @@ def _none(bt: _Batch, cfg: CorrectionConfig) -> _Out:
 
 
 def _tis(bt: _Batch, cfg: CorrectionConfig) -> _Out:
-    return torch.exp(bt.delta).clamp(max=cfg.tis_cap), bt.valid, None, {}
+    return _tis_factor(bt, cfg), bt.valid, None, {}
 
 
 def _icepop(bt: _Batch, cfg: CorrectionConfig) -> _Out:
     lo, hi = cfg.icepop_bounds
-    rho = torch.exp(bt.delta)  # [B, L]
+    rho = bt.rho()  # [B, L]
     keep = bt.valid & (rho >= lo) & (rho <= hi)  # [B, L]
     return rho, keep, None, {}
 
@@ -308,23 +314,23 @@ def _geo_mask(bt: _Batch, cfg: CorrectionConfig) -> _Out:
     geo = torch.exp(traj_D / traj_n.clamp(min=1.0))  # [num_trajs] exp(mean delta)
     keep_traj = (geo >= lo) & (geo <= hi)  # [num_trajs]
     keep = bt.valid & _traj_of_tokens(bt, keep_traj.to(torch.float64)).bool()  # [B, L]
-    return _w_token(bt, cfg), keep, None, {"geo/traj_keep_frac": float(keep_traj[traj_n > 0].double().mean()) if bool((traj_n > 0).any()) else 0.0}
+    return _w_token(bt, cfg) * torch.ones_like(bt.delta), keep, None, {"geo/traj_keep_frac": float(keep_traj[traj_n > 0].double().mean()) if bool((traj_n > 0).any()) else 0.0}
 
 
 def _prefix_is(bt: _Batch, cfg: CorrectionConfig) -> _Out:
     st = bt.st
     raw = st.history_sum(st.seg_to_unit_mean(bt.seg_D))  # [U] sum_{k<t} D[k]
     log_w = raw.clamp(max=math.log(cfg.prefix_cap))  # [U] log min(exp(P), C_prefix)
-    lam = st.unit_to_tokens(log_w)  # [B, L]
-    return torch.exp(lam + _log_w_token(bt, cfg)), bt.valid, log_w, {}  # min(exp(P), C_prefix) * w_token
+    w_prefix = st.unit_to_tokens(torch.exp(log_w))  # [B, L]
+    return w_prefix * _w_token(bt, cfg), bt.valid, log_w, {}
 
 
 def _interq_common(bt: _Batch, cfg: CorrectionConfig, uniform: bool) -> _Out:
     parts = _interq_turns(bt, cfg.budget, uniform)
-    lam = bt.st.unit_to_tokens(parts.Lambda)  # [B, L]
+    w_prefix = bt.st.unit_to_tokens(torch.exp(parts.Lambda))  # [B, L], exp(Lambda[t]) on the tokens of turn t
     nonempty = bt.st.seg_to_unit_mean(bt.seg_n) > 0  # [U]
     extra = M.interq_metrics(parts.kappa, parts.support, parts.Lambda, nonempty)
-    return torch.exp(lam + _log_w_token(bt, cfg)), bt.valid, parts.Lambda, extra  # w_prefix * w_token
+    return w_prefix * _w_token(bt, cfg), bt.valid, parts.Lambda, extra
 
 
 def _interq(bt: _Batch, cfg: CorrectionConfig) -> _Out:
@@ -372,11 +378,11 @@ def compute_correction(
     p, b, mask, tid, tix = _validate(proximal_logprobs, behavior_logprobs, action_mask, traj_id, turn_idx)
     bt = _prepare(p, b, mask, tid, tix)
     w, keep, lam_unit, extra = _REGISTRY[m](bt, config)
-    w = torch.where(keep, w, torch.zeros_like(w))  # [B, L]
+    w = torch.where(keep, w, 0.0)  # [B, L]
     n_keep = keep.sum()
     if config.normalize and int(n_keep) > 0:
         w = w / (w.sum() / n_keep)  # [B, L], mean 1 over the kept tokens
-    metrics = M.mismatch_metrics(bt.delta_raw, mask, bt.valid)
+    metrics = M.mismatch_metrics(bt.delta_raw, mask, bt.valid, rho=bt.rho())
     metrics.update(M.weight_metrics(w, keep, mask))
     metrics.update(extra)
     metrics.update(_turn_metrics(bt, lam_unit))

@@ -25,6 +25,8 @@ Empty selections (no action token, no kept token) give 0.0, never NaN.  A "turn"
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -52,41 +54,41 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
     return torch.where(den > 0, num / den.clamp(min=1e-300), torch.zeros_like(num))
 
 
-def mismatch_metrics(delta_raw: Tensor, action_mask: Tensor, finite_mask: Tensor) -> dict[str, float]:
-    """``mismatch/*`` of §7.  ``delta_raw`` [B, L] = proximal - behavior, 0 off ``finite_mask``;
-    ``finite_mask`` [B, L] bool = action tokens whose two log-probs are finite."""
-    f = finite_mask.to(torch.float64)  # [B, L]
-    d = torch.where(finite_mask, delta_raw.to(torch.float64), torch.zeros((), dtype=torch.float64))  # [B, L]
-    dc = d.clamp(-20.0, 20.0)  # [B, L]
-    rho = torch.exp(dc)  # [B, L]
-    n = f.sum()
-    n_action = action_mask.sum()
-    sums = torch.stack([(-d).sum(), ((rho - dc - 1.0) * f).sum(), ((rho - 1.0) ** 2 * f).sum(), d.abs().sum()])  # [4]
+def mismatch_metrics(delta_raw: Tensor, action_mask: Tensor, finite_mask: Tensor, *, rho: Tensor | None = None) -> dict[str, float]:
+    """``mismatch/*`` of §7.
+
+    delta_raw [B, L] = proximal - behavior (any value off ``finite_mask``); finite_mask [B, L] bool =
+    action tokens whose two log-probs are finite; rho [B, L] optional precomputed ``exp(clamp(delta))``
+    (must be 1 off ``finite_mask`` when given).
+    """
+    d = torch.where(finite_mask, delta_raw.to(torch.float64), 0.0).reshape(-1)  # [B*L], 0 off the finite tokens
+    dc = d.clamp(-20.0, 20.0)  # [B*L]
+    e = (torch.exp(dc) if rho is None else rho.reshape(-1).to(torch.float64)) - 1.0  # [B*L] rho - 1, 0 off the finite tokens
+    n = finite_mask.sum().to(torch.float64)
+    n_action = action_mask.sum().to(torch.float64)
+    sums = torch.stack([-d.sum(), e.sum() - dc.sum(), torch.dot(e, e), torch.linalg.vector_norm(d, 1)])  # [4]
     k1, k3, chi2, absd = _safe_div(sums, n.expand(4)).tolist()
-    nonfinite = float(_safe_div((n_action - n).to(torch.float64), n_action.to(torch.float64)))
     return {
-        "mismatch/k1": k1,
-        "mismatch/k3": k3,
-        "mismatch/chi2_token": chi2,
+        "mismatch/k1": k1,  # mean(behavior - proximal)
+        "mismatch/k3": k3,  # mean(rho - log rho - 1)
+        "mismatch/chi2_token": chi2,  # mean((rho - 1)^2)
         "mismatch/abs_delta_mean": absd,
-        "mismatch/nonfinite_frac": nonfinite,
+        "mismatch/nonfinite_frac": float(_safe_div(n_action - n, n_action)),
     }
 
 
 def weight_metrics(weights: Tensor, keep_mask: Tensor, action_mask: Tensor) -> dict[str, float]:
     """``weights/*`` of §7 over the kept action tokens.  weights [B, L], keep_mask/action_mask [B, L] bool."""
-    k = keep_mask.to(torch.float64)  # [B, L]
-    w = weights.to(torch.float64) * k  # [B, L], 0 off the keep-mask
-    n = int(k.sum())
+    w = torch.where(keep_mask, weights.to(torch.float64), 0.0).reshape(-1)  # [B*L], 0 off the keep-mask
+    n = int(keep_mask.sum())
     n_action = int(action_mask.sum())
     if n:
         mean = w.sum() / n
-        var = (((w - mean) * k) ** 2).sum() / n
-        m2 = (w * w).sum() / n
-        ess = mean * mean / m2 if float(m2) > 0 else torch.zeros((), dtype=torch.float64)  # 1 / mean((w / mean w)^2)
-        inf = torch.tensor(torch.inf, dtype=torch.float64)
-        wmin = torch.where(keep_mask, weights.to(torch.float64), inf).min()
-        wmax = torch.where(keep_mask, weights.to(torch.float64), -inf).max()
+        m2 = torch.dot(w, w) / n  # mean(w^2)
+        var = (m2 - mean * mean).clamp(min=0.0)
+        ess = mean * mean / m2 if float(m2) > 0 else m2.new_zeros(())  # 1 / mean((w / mean w)^2)
+        wmin = torch.where(keep_mask.reshape(-1), w, math.inf).min()
+        wmax = torch.where(keep_mask.reshape(-1), w, -math.inf).max()
         vals = torch.stack([mean, var.sqrt(), wmin, wmax, ess]).tolist()
     else:
         vals = [0.0] * 5
