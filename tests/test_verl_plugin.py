@@ -9,8 +9,8 @@ imported (it needs cachetools/fastapi/uvicorn, which the ``verl`` extra does not
 from __future__ import annotations
 
 import copy
+import functools
 import logging
-import math
 import os
 
 import numpy as np
@@ -313,7 +313,7 @@ def test_verl_ppo_loss_consumes_interq_weights(V):
     torch.testing.assert_close(g_verl, g_ours, rtol=1e-5, atol=1e-7)
     # the weights matter: without them verl's loss differs
     plain, _ = compute_policy_loss_vanilla(old, current, adv, keep, "token-mean", cfg, rollout_is_weights=None)
-    assert abs(float(plain) - float(loss)) > 1e-4
+    assert abs(float(plain.detach()) - float(loss.detach())) > 1e-4
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -457,12 +457,20 @@ def test_layout_options(V):
 # Clear errors
 
 
-def _full_config(**rollout_corr):
-    from omegaconf import OmegaConf, open_dict
+@functools.lru_cache(maxsize=1)
+def _generated_ppo_trainer_yaml():
+    from omegaconf import OmegaConf
 
     import verl
 
-    full = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), "trainer/config/_generated_ppo_trainer.yaml"))
+    return OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), "trainer/config/_generated_ppo_trainer.yaml"))
+
+
+def _full_config(**rollout_corr):
+    """verl's full PPO trainer config (its generated yaml) with algorithm.rollout_correction overrides."""
+    from omegaconf import OmegaConf, open_dict
+
+    full = copy.deepcopy(_generated_ppo_trainer_yaml())
     with open_dict(full):
         for k, v in rollout_corr.items():
             OmegaConf.update(full, f"algorithm.rollout_correction.{k}", v, force_add=True)
