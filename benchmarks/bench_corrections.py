@@ -2,9 +2,10 @@
 
 Batch: 256 trajectories x 4,096 tokens x 30 turns (concatenated layout, about 60% of each turn's tokens
 are action tokens), then the same at 2x tokens (8,192 per row, same 30 turns), then the 1x batch in the
-per-turn layout (one row per (trajectory, turn), shuffled).  Each timing is the fastest of several interleaved runs
-of the full ``compute_correction`` (weights, keep-mask and every §7 metric); "core" times the weights
-alone (no metrics).  Ratios measured side by side in one run are the result; absolute times depend on
+per-turn layout (one row per (trajectory, turn), shuffled).  Each timing is the fastest of several
+interleaved runs, measured as process CPU time with one torch thread, of the full
+``compute_correction`` (weights, keep-mask and every §7 metric); "core" times the weights alone (no
+metrics).  Ratios measured side by side in one run are the result; absolute times depend on
 the machine.  The last line is ``RESULT {json}``.
 
     .venv/bin/python benchmarks/bench_corrections.py [--threads N] [--repeats N] [--quick]
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import resource
 import statistics
 import time
 
@@ -51,18 +53,30 @@ def to_per_turn(prox, beh, mask, turn_of_col, n_turns, seed=0):
     return rows_p[perm], rows_b[perm], rows_m[perm], tid[perm], tix[perm]
 
 
-def time_interleaved(fns: dict, repeats: int) -> dict:
-    """Run every function once per round, ``repeats`` rounds, in turn (so all see the same load);
-    the time of each is its fastest round (the least disturbed by other work on a shared machine)."""
+def _cpu() -> tuple[float, float]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
+def time_interleaved(fns: dict, repeats: int) -> tuple[dict, dict]:
+    """Run every function once per round, ``repeats`` rounds, in turn (so all see the same load).
+
+    The time of each is the CPU time of this process in its fastest round (user + system: with one
+    torch thread it is barely affected by other work on a shared machine); returns (total, user only).
+    System time is the kernel zero-filling fresh pages for large temporaries (glibc hands allocations
+    above its mmap threshold back to the kernel on free), which is why both are reported.
+    """
     for fn in fns.values():
         fn()  # warm-up
     ts: dict = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            u0, s0 = _cpu()
             fn()
-            ts[k].append(time.perf_counter() - t0)
-    return {k: min(v) for k, v in ts.items()}
+            u1, s1 = _cpu()
+            ts[k].append((u1 - u0 + s1 - s0, u1 - u0))
+    best = {k: min(v) for k, v in ts.items()}
+    return {k: v[0] for k, v in best.items()}, {k: v[1] for k, v in best.items()}
 
 
 def core(method, p, b, m, tid=None, tix=None, cfg=CorrectionConfig()):
@@ -95,12 +109,12 @@ def main() -> int:
         for meth in METHODS:
             fns[f"{meth}_{name}_s"] = lambda meth=meth, p_=p_, b_=b_, m_=m_, t_=t_, i_=i_: compute_correction(meth, p_, b_, m_, traj_id=t_, turn_idx=i_)
             fns[f"{meth}_{name}_core_s"] = lambda meth=meth, p_=p_, b_=b_, m_=m_, t_=t_, i_=i_: core(meth, p_, b_, m_, t_, i_)
-    res = time_interleaved(fns, args.repeats)
+    res, res_user = time_interleaved(fns, args.repeats)
     rows = []
     for name, (p_, *_rest) in batches.items():
         for meth in METHODS:
             label = {"1x": "concat 1x", "2x": "concat 2x", "per_turn": "per-turn 1x"}[name]
-            rows.append((label, meth, p_.shape[0], p_.shape[1], res[f"{meth}_{name}_s"], res[f"{meth}_{name}_core_s"]))
+            rows.append((label, meth, p_.shape[0], p_.shape[1], res[f"{meth}_{name}_s"], res_user[f"{meth}_{name}_s"], res[f"{meth}_{name}_core_s"]))
     # sanity: the two layouts agree on the benchmark batch
     a = compute_correction("interq", p, b, m)
     c = compute_correction("interq", pp, bb, mm, traj_id=tid, turn_idx=tix)
@@ -111,15 +125,17 @@ def main() -> int:
     layout_err = float((w_pt - a.weights[:, : T * per]).abs().max())
 
     print(f"corrections benchmark: {B} trajectories x {L} tokens x {T} turns; torch {torch.__version__}, {args.threads} thread(s), {platform.machine()}")
-    print(f"{'batch':<12} {'method':<10} {'rows':>6} {'tokens/row':>10} {'full ms':>9} {'core ms':>9}")
-    for name, meth, r, l, tf, tc in rows:
-        print(f"{name:<12} {meth:<10} {r:>6} {l:>10} {tf * 1e3:>9.1f} {tc * 1e3:>9.1f}")
+    print(f"{'batch':<12} {'method':<10} {'rows':>6} {'tokens/row':>10} {'full cpu-ms':>11} {'(user)':>8} {'core cpu-ms':>11}")
+    for name, meth, r, l, tf, tu, tc in rows:
+        print(f"{name:<12} {meth:<10} {r:>6} {l:>10} {tf * 1e3:>11.1f} {tu * 1e3:>8.1f} {tc * 1e3:>11.1f}")
     out = {
         "interq_over_tis": res["interq_1x_s"] / res["tis_1x_s"],
         "interq_over_tis_core": res["interq_1x_core_s"] / res["tis_1x_core_s"],
         "prefix_is_over_tis": res["prefix_is_1x_s"] / res["tis_1x_s"],
         "scaling_2x": res["interq_2x_s"] / res["interq_1x_s"],
         "scaling_2x_core": res["interq_2x_core_s"] / res["interq_1x_core_s"],
+        "scaling_2x_user": res_user["interq_2x_s"] / res_user["interq_1x_s"],
+        "interq_over_tis_user": res_user["interq_1x_s"] / res_user["tis_1x_s"],
         "per_turn_over_concat_interq": res["interq_per_turn_s"] / res["interq_1x_s"],
         "interq_1x_ms": res["interq_1x_s"] * 1e3,
         "tis_1x_ms": res["tis_1x_s"] * 1e3,
@@ -127,7 +143,10 @@ def main() -> int:
         "batch": [B, L, T],
         "threads": args.threads,
     }
-    print("interq/tis (full) = %.2f, interq/tis (core) = %.2f, interq 2x/1x = %.2f, layouts max |dw| = %.1e" % (out["interq_over_tis"], out["interq_over_tis_core"], out["scaling_2x"], layout_err))
+    print(
+        "interq/tis = %.2f (core %.2f, user %.2f); interq 2x/1x = %.2f (user %.2f); layouts max |dw| = %.1e"
+        % (out["interq_over_tis"], out["interq_over_tis_core"], out["interq_over_tis_user"], out["scaling_2x"], out["scaling_2x_user"], layout_err)
+    )
     print("RESULT " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}))
     return 0
 
