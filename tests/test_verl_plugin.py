@@ -560,3 +560,44 @@ def test_verl_version_is_in_the_supported_range(V):
     assert V.plugin._version_supported(V.verl.__version__), V.verl.__version__
     assert not V.plugin._version_supported("0.10.0")
     assert not V.plugin._version_supported("0.8.5")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The documented run lines (docs/verl.md) compose with verl's hydra config and pass the plugin's check
+
+
+def _doc_run_block():
+    import re
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "verl.md")
+    text = open(path, encoding="utf-8").read()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    block = next(b for b in blocks if "verl.trainer.main_ppo" in b)
+    env, overrides = {}, []
+    for line in block.splitlines():
+        line = line.split("#", 1)[0].strip().rstrip("\\").strip()
+        if line.startswith("export "):
+            k, v = line[len("export "):].split("=", 1)
+            env[k] = v
+        elif "=" in line and not line.startswith("python"):
+            overrides.append(line)
+    return env, overrides
+
+
+def test_documented_run_lines_compose_with_verl_hydra_config(V):
+    from hydra import compose, initialize_config_dir
+
+    from interq.integrations.verl import engine
+
+    env, overrides = _doc_run_block()
+    assert env == {"VERL_ENGINE_VENDOR": engine.VENDOR, "INTERQ_VERL_ALIGN": "fp8_block128"}
+    assert engine.align_qcfg(env["INTERQ_VERL_ALIGN"]) is not None
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(V.verl.__file__), "trainer/config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    assert V.plugin.check_verl_config(cfg) == "interq"
+    assert cfg.actor_rollout_ref.rollout.quantization == "fp8"
+    assert cfg.actor_rollout_ref.rollout.multi_turn.enable is True
+    assert dict(cfg.ray_kwargs.ray_init.runtime_env.env_vars) == env
+    from interq.integrations.verl.correction import parse_options
+
+    assert parse_options(cfg.algorithm.rollout_correction).budget == 0.5
