@@ -586,3 +586,42 @@ def test_dtypes_are_accepted_and_output_float32():
         assert out.weights.dtype == torch.float32
     out = compute_correction("interq", p, b, mask)
     _close(out.weights, ref.weights, 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hypothesis: small arbitrary batches against the reference, in both layouts
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hs  # noqa: E402
+
+
+@hs.composite
+def _small_batches(draw):
+    B = draw(hs.integers(1, 4))
+    L = draw(hs.integers(1, 10))
+    mask = torch.tensor(draw(hs.lists(hs.lists(hs.booleans(), min_size=L, max_size=L), min_size=B, max_size=B)))
+    vals = hs.one_of(hs.floats(-4.0, 4.0, allow_nan=False), hs.sampled_from([math.nan, math.inf, -math.inf, 25.0, -25.0]))
+    d = torch.tensor(draw(hs.lists(hs.lists(vals, min_size=L, max_size=L), min_size=B, max_size=B)), dtype=torch.float32)
+    p = -torch.rand(B, L, generator=torch.Generator().manual_seed(draw(hs.integers(0, 2**16))))
+    return p, p - d, mask.reshape(B, L)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=_small_batches(), method=hs.sampled_from(METHODS), budget=hs.sampled_from([0.0, 0.05, 0.5, 3.0, math.inf]))
+def test_hypothesis_reference_and_layouts(batch, method, budget):
+    p, b, mask = batch
+    cfg = CorrectionConfig(budget=budget)
+    out = compute_correction(method, p, b, mask, config=cfg)
+    W, K, LAM = _ref(method, p, b, mask, cfg=cfg)
+    assert torch.equal(out.keep_mask, torch.tensor(K).reshape(mask.shape))
+    _close(out.weights, torch.tensor(W).reshape(mask.shape))
+    if LAM is not None:
+        _close(out.lambda_, torch.tensor(LAM).reshape(mask.shape))
+        if method != "prefix_is":
+            assert out.lambda_.abs().max().item() <= budget + 1e-6
+    if mask.any():
+        pp, bb, mm, tid, tix, src = _to_per_turn(p, b, mask, 0, dup=1, empty_rows=1)
+        pt = compute_correction(method, pp, bb, mm, traj_id=tid, turn_idx=tix, config=cfg)
+        w, k = _concat_view(pt, src, mask.shape)
+        assert torch.equal(k, out.keep_mask)
+        _close(w, out.weights, 1e-6)
