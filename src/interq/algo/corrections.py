@@ -157,7 +157,10 @@ def _validate(proximal: object, behavior: object, action_mask: object, traj_id: 
     if traj_id is not None:
         for name, v in (("traj_id", traj_id), ("turn_idx", turn_idx)):
             if not isinstance(v, Tensor):
-                raise TypeError(f"{name} must be an integer torch.Tensor [B], got {type(v).__name__}")
+                raise TypeError(
+                    f"{name} must be an integer torch.Tensor [B], got {type(v).__name__} "
+                    "(string or other labels: interq.algo.advantages.group_index(labels)[0] maps them to ints)"
+                )
             if v.dtype == torch.bool or v.is_floating_point() or v.is_complex():
                 raise TypeError(f"{name} must have an integer dtype, got {v.dtype}")
             if v.shape != (p.shape[0],):
