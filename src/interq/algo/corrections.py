@@ -36,8 +36,9 @@ every sum and from the loss and are counted in ``mismatch/nonfinite_frac``; noth
 ``Correction.lambda_`` [B, L] float32 is the prefix log-weight on action tokens for ``interq`` and
 ``interq_uniform`` (Lambda of §3) and ``prefix_is`` (log min(exp(sum_{k<t} D[k]), C_prefix)); None for the
 other methods.  ``Correction.metrics`` holds every §7 metric (names and the flat per-turn key format
-``turn/<curve>/<t>`` are documented in ``interq.algo.metrics``); ``interq/*`` and ``turn/abs_Lambda/<t>``
-only for the methods with a prefix weight, ``geo/traj_keep_frac`` for ``geo_mask``.
+``turn/<curve>/<t>`` are documented in ``interq.algo.metrics``); ``interq/*`` only for ``interq`` and
+``interq_uniform``, ``turn/abs_Lambda/<t>`` for those and ``prefix_is``, ``geo/traj_keep_frac`` for
+``geo_mask``.
 
 Everything is computed without grad in float64 and returned as float32.  No Python loop runs over
 tokens, segments or rows.
