@@ -49,9 +49,12 @@ def test_w8a8_executor_runs_the_same_episodes(qcfg):
     batch, trajs = run(engine, obs, [10, 11, 12, 13], sampling)
     ref_batch, ref = run(RolloutEngine(model), obs, [10, 11, 12, 13], sampling)
     for q, r in zip(trajs, ref):
-        # same structure: the observations sit where they sit in the fp32 run's record when the actions agree
-        assert q.token_ids[: q.turns[0].act_start].tolist() == obs[q.episode][0]
-        assert torch.isfinite(q.behavior_logprobs).all() and q.info == {"executor": "w8a8-kv8"}
+        # same episodes: every turn's observation chunk is recorded where the turn says, in both runs
+        for traj in (q, r):
+            assert len(traj.turns) == 4 and not traj.truncated
+            assert [traj.token_ids[s.obs_start : s.act_start].tolist() for s in traj.turns] == obs[traj.episode]
+        assert torch.isfinite(q.behavior_logprobs).all() and q.info["executor"] == "w8a8-kv8"
+        assert q.info["quant_config"]["w_format"] == qcfg.w_format
         assert q.num_action_tokens == sum(s.act_end - s.act_start for s in q.turns)
     # the executor's log-probs are those of a different (quantized) policy: close to the fp32 learner, not equal
     inputs = collate_trajectories(trajs)

@@ -26,11 +26,15 @@ Usage (token ids in, token ids out; the chat format turns text into the chunks):
 See :mod:`interq.rollout.trajectory` for the record's fields and alignment.
 """
 
+from interq.rollout.chat import MINIMAL_SPECIAL_TOKENS, HFChatFormat, MinimalChatFormat
 from interq.rollout.engine import EpisodeBatch, RolloutEngine, TurnResult, dynamic_cache_factory, forward_step
 from interq.rollout.sampling import SamplingParams, sample_tokens, transformed_logprobs
 from interq.rollout.trajectory import STOP_REASONS, Trajectory, TurnSpan, collate_trajectories, sequence_logprobs
 
 __all__ = [
+    "HFChatFormat",
+    "MINIMAL_SPECIAL_TOKENS",
+    "MinimalChatFormat",
     "EpisodeBatch",
     "RolloutEngine",
     "SamplingParams",

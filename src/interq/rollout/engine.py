@@ -22,6 +22,7 @@ attends to are dropped too (for ``DynamicLayer`` storage and subclasses).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -194,6 +195,7 @@ class EpisodeBatch:
 
     def close(self) -> list[Trajectory]:
         """Finish every episode; returns all trajectories in episode order and frees the cache."""
+        self._drop(list(self._rows))
         out = [self.finish(i) for i in range(len(self.episodes))]
         self._cache = None
         return out
@@ -337,6 +339,10 @@ class RolloutEngine:
     ``model`` is called as ``model(input_ids=, attention_mask=, position_ids=, cache=, use_cache=True,
     logits_to_keep=1)`` and must return an object with ``.logits`` [R, 1, V]. ``cache_factory(model.config)``
     returns a fresh transformers ``Cache`` (default ``DynamicCache``; pass the quantized KV cache for W8A8-KV8).
+    ``info`` is copied into every trajectory; an executor from ``interq.quant.make_executor`` adds its
+    ``quant_config`` there by itself. The engine keeps a reference to ``model``: weight sync
+    (``interq.quant.sync_weights(learner, executor)``) updates it in place between batches, nothing to re-wire.
+    ``max_context_tokens`` (default: ``model.config.max_position_embeddings``) is the per-episode context limit.
     """
 
     def __init__(
@@ -355,6 +361,9 @@ class RolloutEngine:
             max_context_tokens = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.max_context_tokens = max_context_tokens
         self.info = dict(info or {})
+        qcfg = getattr(model, "interq_qcfg", None)  # the W8A8 executor's QuantConfig (interq.quant)
+        if qcfg is not None and dataclasses.is_dataclass(qcfg):
+            self.info.setdefault("quant_config", dataclasses.asdict(qcfg))
 
     def new_batch(
         self, seeds: Sequence[int], sampling: SamplingParams, *, max_context_tokens: int | None = None
