@@ -1,4 +1,10 @@
-"""The ``interq`` command line.  ``interq --help`` lists the sub-commands."""
+"""The ``interq`` command line.  ``interq --help`` lists the sub-commands; ``interq <command> --help`` its options.
+
+Configuration: ``--preset NAME`` (one of the YAML presets: the five arms ``bf16``, ``q-naive``, ``q-tis``,
+``q-align``, ``q-interq``, or ``household``) then any number of ``key.sub=value`` overrides, e.g.
+``interq train --preset q-interq train.steps=50 algo.budget=0.25``. ``interq train --help-config`` lists every
+field with its default. Invalid values are rejected before any work starts.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +18,92 @@ def _cmd_selfcheck(argv: list[str]) -> int:
     return selfcheck_main(argv)
 
 
+def _config_parser(prog: str, help_: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"interq {prog}", description=help_)
+    p.add_argument("--preset", default="bf16", help="preset name or YAML path (default: bf16)")
+    p.add_argument("--out", default=None, help="run directory (default: runs/<name>)")
+    p.add_argument("--help-config", action="store_true", help="list every config field and its default, then exit")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.steps=10")
+    return p
+
+
+def _help_config() -> int:
+    from interq.train.config import describe
+
+    for name, tp, default in describe():
+        print(f"{name:40s} {tp:6s} {default!r}")
+    return 0
+
+
+def _load(args) -> "object":
+    from interq.train.config import ConfigError, build_config
+
+    try:
+        return build_config(args.preset, args.overrides)
+    except ConfigError as e:
+        print(f"interq: invalid configuration: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _cmd_train(argv: list[str]) -> int:
+    p = _config_parser("train", "warm start (unless --policy) then RL; resumes from the run directory's last checkpoint")
+    p.add_argument("--policy", default=None, help="start from this policy directory (skips the warm start)")
+    p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints in the run directory")
+    args = p.parse_args(argv)
+    if args.help_config:
+        return _help_config()
+    cfg = _load(args)
+    from interq.train.pipeline import run_training
+
+    out = args.out or f"runs/{cfg.name}"
+    recs = run_training(cfg, out, args.policy, resume=not args.no_resume)
+    evals = [r for r in recs if "eval/success" in r]
+    if evals:
+        print(f"held-out success: step {evals[0]['step']} {evals[0]['eval/success']:.3f} -> "
+              f"step {evals[-1]['step']} {evals[-1]['eval/success']:.3f}; metrics in {out}/metrics.jsonl")
+    return 0
+
+
+def _cmd_sft(argv: list[str]) -> int:
+    p = _config_parser("sft", "build the policy and warm-start it on expert demonstrations; writes a policy directory")
+    args = p.parse_args(argv)
+    if args.help_config:
+        return _help_config()
+    cfg = _load(args)
+    import json
+
+    from interq.train.pipeline import prepare_policy
+
+    out = args.out or f"runs/{cfg.name}/warm_start"
+    path, summary = prepare_policy(cfg, out)
+    print(json.dumps({"policy_dir": str(path), **summary}, default=str))
+    return 0
+
+
+def _cmd_demo(argv: list[str]) -> int:
+    from interq.train.experiments import demo_main
+
+    return demo_main(argv)
+
+
+def _cmd_compare(argv: list[str]) -> int:
+    from interq.train.experiments import compare_main
+
+    return compare_main(argv)
+
+
 COMMANDS = {
     "selfcheck": (_cmd_selfcheck, "exercise the correction math on a synthetic batch and print its metrics"),
+    "train": (_cmd_train, "warm start + RL for one arm/preset (checkpoints, resume, metrics.jsonl)"),
+    "sft": (_cmd_sft, "warm start only: tiny policy + SFT on expert demos -> a policy directory"),
+    "demo": (_cmd_demo, "warm start + short RL runs of bf16 and q-interq on household; table, plot, RESULT line"),
+    "compare": (_cmd_compare, "the five arms over several seeds; markdown table, learning curves, mismatch plot"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="interq", description=__doc__)
+    parser = argparse.ArgumentParser(prog="interq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[1]}" for k, v in sorted(COMMANDS.items())))
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()

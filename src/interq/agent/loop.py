@@ -50,31 +50,31 @@ class Episode:
         return float(sum(self.rewards))
 
 
-def default_render(task: TaskSpec, obs: Observation, turn: int, history: Sequence[tuple[str, str]], window: int | None) -> str:
-    """Observation text shown to the agent.
+def make_render(show_admissible: bool = True) -> Callable[..., str]:
+    """A compact observation renderer (a tiny policy cannot afford verl-agent's long prompt; a pretrained chat
+    model can use ``interq.envs.prompting.build_prompt`` through the ``render`` argument instead).
 
     ``window=None`` (concatenated layout): the first turn carries the task and the observation, later turns only
     the new observation (the history is already in the context). ``window=k`` (per_turn layout): a fresh prompt
     with the task, the last k (observation, action) pairs and the current observation.
     """
-    try:  # the environments' prompt builder, when it exists
-        from interq.envs import prompting  # type: ignore
 
-        fn = getattr(prompting, "render_observation", None)
-        if fn is not None:
-            return fn(task=task, observation=obs, turn=turn, history=history, window=window)
-    except ImportError:
-        pass
-    parts = []
-    if window is not None or turn == 0:
-        parts.append(f"Task: {task.description}")
-    if window:
-        for o, a in history[-window:]:
-            parts.append(f"Observation: {o}\nAction: {a}")
-    parts.append(f"Observation: {obs.text}")
-    if obs.admissible_actions:
-        parts.append("Admissible actions: " + ", ".join(obs.admissible_actions))
-    return "\n".join(parts)
+    def render(task: TaskSpec, obs: Observation, turn: int, history: Sequence[tuple[str, str]], window: int | None) -> str:
+        parts = []
+        if (window is not None or turn == 0) and task.description and task.description not in obs.text:
+            parts.append(f"Task: {task.description}")
+        if window:
+            for o, a in history[-window:]:
+                parts.append(f"{o}\n> {a}")
+        parts.append(obs.text)
+        if show_admissible and obs.admissible_actions:
+            parts.append("Actions: " + ", ".join(obs.admissible_actions))
+        return "\n".join(parts)
+
+    return render
+
+
+default_render = make_render(True)
 
 
 def play_episodes(

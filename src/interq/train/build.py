@@ -45,6 +45,13 @@ def split_tasks(make_env: Callable[[], Any], cfg: EnvConfig) -> tuple[list[TaskS
         evals = list(env.tasks(cfg.eval_split))
     finally:
         env.close()
+    if cfg.task_types:
+        keep = {t.strip() for t in cfg.task_types.split(",") if t.strip()}
+        known = {t.task_type for t in train + evals}
+        if keep - known:
+            raise ConfigError(f"env.task_types={cfg.task_types!r}: unknown {sorted(keep - known)}; accepted: {sorted(known)}")
+        train = [t for t in train if t.task_type in keep]
+        evals = [t for t in evals if t.task_type in keep]
     if cfg.num_train_tasks:
         train = train[: cfg.num_train_tasks]
     evals = evals[: cfg.num_eval_tasks]

@@ -70,7 +70,9 @@ class EnvConfig:
     eval_split: str = "valid_unseen"
     num_train_tasks: int = 64           # task instances RL samples from (0: all of the split)
     num_eval_tasks: int = 32            # held-out tasks evaluated every eval_every_steps
+    task_types: str = ""                # comma-separated task types to keep (empty: all), e.g. pick_and_place
     max_turns: int = 12                 # environment step limit per episode (truncation)
+    show_admissible: bool = True        # list the admissible actions in every observation
     invalid_action_penalty: float = 0.1  # spec §6
     env_kwargs: dict = field(default_factory=dict)  # extra keyword arguments for make_env
 
@@ -330,8 +332,9 @@ def validate(cfg: RunConfig) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "intermediate_size", "max_position_embeddings"):
             _positive(f"model.{name}", getattr(m, name))
-        if m.vocab_size < 64:
-            raise ConfigError(f"model.vocab_size={m.vocab_size} is not accepted; it must be >= 64")
+        if m.vocab_size < 300:
+            raise ConfigError(f"model.vocab_size={m.vocab_size} is not accepted; it must be >= 300 "
+                              "(the byte-level alphabet takes 256 entries before any merge)")
         if m.num_heads % m.num_kv_heads:
             raise ConfigError(f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads}")
         if m.arch == "qwen3_moe":
@@ -410,7 +413,7 @@ def validate(cfg: RunConfig) -> None:
         pass  # a longer row simply forms its own micro-batch
     _positive("train.eval_every_steps", t.eval_every_steps, allow_zero=True)
     _positive("train.eval_episodes_per_task", t.eval_episodes_per_task)
-    _positive("train.eval_temperature", t.eval_temperature)
+    _positive("train.eval_temperature", t.eval_temperature, allow_zero=True)  # 0: greedy
     _positive("train.checkpoint_every_steps", t.checkpoint_every_steps, allow_zero=True)
     _positive("train.threads", t.threads, allow_zero=True)
     episodes = t.tasks_per_step * t.episodes_per_task

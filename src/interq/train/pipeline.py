@@ -30,6 +30,7 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, log=print) -> tuple[P
     import shutil
     import tempfile
 
+    from interq.agent.loop import make_render
     from interq.train.build import chat_format, collect_demos, demo_rows, demo_texts, env_factory, split_tasks
     from interq.train.policy import build_tiny_policy, describe_policy, load_policy, save_policy
     from interq.train.sft import run_sft
@@ -44,11 +45,11 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, log=print) -> tuple[P
     w = cfg.warm_start
     n_demos = max(w.num_demos, 32) if cfg.model.source == "tiny" else w.num_demos
     demos = collect_demos(make_env, train_tasks, n_demos, w.noise if w.enabled else 0.0, w.seed, cfg.env.max_turns,
-                          cfg.algo.layout, cfg.rollout.history_turns)
+                          cfg.algo.layout, cfg.rollout.history_turns, make_render(cfg.env.show_admissible))
     if cfg.model.source == "tiny":
         # the tokenizer is trained on expert text without noise so every admissible action is in its corpus
         clean = collect_demos(make_env, train_tasks, min(len(train_tasks), 64), 0.0, w.seed + 1, cfg.env.max_turns,
-                              cfg.algo.layout, cfg.rollout.history_turns)
+                              cfg.algo.layout, cfg.rollout.history_turns, make_render(cfg.env.show_admissible))
         model, tokenizer = build_tiny_policy(cfg.model, demo_texts(demos + clean), seed=cfg.train.seed)
     else:
         model, tokenizer = load_policy(cfg.model.source, cfg.model.dtype)

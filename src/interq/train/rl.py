@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from interq.agent.loop import Episode, play_episodes
+from interq.agent.loop import Episode, make_render, play_episodes
 from interq.train.config import AlgoConfig, RunConfig, save_config
 
 # ---------------------------------------------------------------------------------------------- advantages
@@ -156,11 +156,14 @@ class Learner:
         self.model, self.cfg, self.qcfg = model, cfg, qcfg
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-        self.forward_calls = 0
-        model.register_forward_hook(self._count)
+        self.forward_calls = 0  # learner forwards (micro-batches)
+        self.forward_rows = 0   # rows those forwards covered: / batch rows = passes over the batch
+        model.register_forward_hook(self._count, with_kwargs=True)
 
-    def _count(self, *_):
+    def _count(self, module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
         self.forward_calls += 1
+        self.forward_rows += int(ids.shape[0]) if ids is not None else 0
 
     def logprobs(self, mb: dict, temperature: float) -> torch.Tensor:
         from interq.rollout import sequence_logprobs
@@ -193,7 +196,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     a, t = cfg.algo, cfg.train
     ccfg = correction_config(a)
     model = learner.model
-    calls0 = learner.forward_calls
+    calls0, rows0 = learner.forward_calls, learner.forward_rows
     all_rows = list(range(batch.input_ids.shape[0]))
     proximal = torch.zeros_like(batch.behavior_logprobs)  # [B, L]
     skip = skips_proximal_pass(a)
@@ -252,9 +255,10 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     n_opt = max(stats["optim/steps"], 1)
     calls = learner.forward_calls - calls0
     n_mb = len(micro_batches(batch, all_rows, t.tokens_per_microbatch))
+    passes = (learner.forward_rows - rows0) / max(len(all_rows), 1)
     out = {**corr.metrics, **batch.metrics, "loss/policy": stats["loss/policy"] / n_opt, "loss/clip_frac": stats["loss/clip_frac"] / max(n_tok, 1),
            "optim/grad_norm": stats["optim/grad_norm"] / n_opt, "optim/steps": stats["optim/steps"],
-           "learner/forward_calls": calls, "learner/forward_passes": calls / max(n_mb, 1),
+           "learner/forward_calls": calls, "learner/forward_passes": passes,
            "learner/proximal_pass_skipped": skip, "learner/microbatches": n_mb}
     return out
 
@@ -273,7 +277,7 @@ def sampling_params(cfg: RunConfig, fmt, temperature: float | None = None):
 def rollout(engine, fmt, make_env, tasks, seeds, groups, sampling, cfg: RunConfig) -> list[Episode]:
     return play_episodes(engine, fmt, make_env, tasks, seeds, groups, sampling, max_turns=cfg.env.max_turns,
                          invalid_action_penalty=cfg.env.invalid_action_penalty, layout=cfg.algo.layout,
-                         history_turns=cfg.rollout.history_turns)
+                         history_turns=cfg.rollout.history_turns, render=make_render(cfg.env.show_admissible))
 
 
 def episode_stats(episodes: list[Episode], prefix: str) -> dict:

@@ -1,0 +1,52 @@
+"""Tiny policy: tokenizer trained on environment text, Qwen3 / Qwen3-MoE from a config, standard formats."""
+
+import pytest
+import torch
+
+from interq.rollout.chat import MINIMAL_SPECIAL_TOKENS, MinimalChatFormat
+from interq.train.config import ConfigError, ModelConfig
+from interq.train.policy import build_tiny_policy, load_policy, save_policy, train_tokenizer
+
+TEXTS = ["You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 2, a fridge 1.",
+         "go to countertop 1", "take apple 1 from countertop 1", "put apple 1 in/on fridge 1",
+         "On the countertop 1, you see a apple 1, and a mug 2."] * 20
+
+
+def test_tokenizer_round_trips_and_carries_chat_tokens():
+    tok = train_tokenizer(TEXTS, 400)
+    for text in ["go to countertop 1", "a never seen word: zyxw 42 !", "put apple 1 in/on fridge 1"]:
+        assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+    for special in MINIMAL_SPECIAL_TOKENS:
+        ids = tok(special, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1, special
+    assert tok.pad_token == "<|pad|>" and tok.eos_token == "<|end|>"
+    MinimalChatFormat(tok)  # the engine's minimal chat format accepts it
+    # the environment's words are single tokens (the point of training it on env text)
+    assert len(tok(" countertop", add_special_tokens=False)["input_ids"]) == 1
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_tiny_policy_saves_and_reloads_in_standard_formats(tmp_path, arch):
+    model, tok = build_tiny_policy(ModelConfig(arch=arch, vocab_size=400, hidden_size=32, intermediate_size=64,
+                                               num_heads=2, num_kv_heads=1, moe_intermediate_size=32), TEXTS)
+    assert type(model).__name__ == ("Qwen3ForCausalLM" if arch == "qwen3" else "Qwen3MoeForCausalLM")
+    assert model.config.vocab_size == len(tok) <= 400
+    save_policy(model, tok, tmp_path)
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in tmp_path.iterdir()}
+    m2, t2 = load_policy(tmp_path)
+    ids = torch.tensor([tok("go to fridge 1", add_special_tokens=False)["input_ids"]])
+    torch.testing.assert_close(model(ids).logits, m2(ids).logits, rtol=0, atol=0)
+    assert t2("go to fridge 1")["input_ids"] == tok("go to fridge 1")["input_ids"]
+
+
+def test_same_seed_same_weights():
+    cfg = ModelConfig(vocab_size=400, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1)
+    a, _ = build_tiny_policy(cfg, TEXTS, seed=3)
+    b, _ = build_tiny_policy(cfg, TEXTS, seed=3)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_load_policy_rejects_a_directory_without_a_checkpoint(tmp_path):
+    with pytest.raises(ConfigError, match="model.source"):
+        load_policy(tmp_path)
