@@ -601,3 +601,38 @@ def test_documented_run_lines_compose_with_verl_hydra_config(V):
     from interq.integrations.verl.correction import parse_options
 
     assert parse_options(cfg.algorithm.rollout_correction).budget == 0.5
+
+
+def test_hooks_bind_in_verl_trainers(V):
+    """The real trainer modules (v1 default and v0) see the wrapped functions; the advantage guard fires there.
+
+    verl 0.9.1's trainers import cachetools / fastapi / uvicorn / transfer_queue, which verl does not declare.
+    """
+    for mod in ("cachetools", "fastapi", "uvicorn", "transfer_queue"):
+        pytest.importorskip(mod, reason=f"verl's trainer modules need {mod}")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # optional engines (megatron, veomni, ...) missing on CPU
+        import verl.trainer.main_ppo as main_ppo
+        import verl.trainer.ppo.ray_trainer as v0
+        import verl.trainer.ppo.v1.trainer_base as v1
+        import verl.trainer.ppo.v1.utils as v1_utils
+
+    from interq.integrations.verl import InterqVerlError
+
+    assert V.plugin.STATE.errors == {}
+    assert v1.compute_rollout_correction_and_add_to_batch is V.helper.compute_rollout_correction_and_add_to_batch
+    assert hasattr(main_ppo.validate_config, "__interq_original__")
+    assert hasattr(v1_utils.compute_advantage_for_multi_trajectories, "__interq_original__")
+    algo = _full_config(rollout_is="interq").algorithm
+    batch = trajectory_batch(V, make_episodes(n_traj=4, seed=12))
+    batch.batch["token_level_rewards"] = torch.zeros_like(batch.batch["old_log_probs"])
+    batch.non_tensor_batch["uid"] = np.array(["a", "a", "b", "b"], dtype=object)
+    skipped = clone(batch)
+    skipped.batch.pop("rollout_log_probs")
+    with pytest.raises(InterqVerlError, match="calculate_log_probs=true"):
+        v0.compute_advantage(skipped, adv_estimator="grpo", config=algo)
+    corrected, _ = V.helper.compute_rollout_correction_and_add_to_batch(clone(batch), rc_config("interq"))
+    out = v0.compute_advantage(corrected, adv_estimator="grpo", config=algo)
+    assert "advantages" in out.batch.keys()
