@@ -250,13 +250,13 @@ class AlfworldEnv:
 
     def reset(self, task: TaskSpec | str) -> Observation:
         import textworld
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
         game = self.game_file(task)
         self.close()
         infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=self.expert,
                                    extras=["gamefile"] + (["expert_plan"] if self.expert else []))
-        wrappers = [AlfredDemangler(), AlfredInfos] + ([AlfredExpert()] if self.expert else [])
+        wrappers = [AlfredDemangler(), AlfredInfos] + ([_expert_wrapper()] if self.expert else [])
         self._env = textworld.start(str(game), infos, wrappers=wrappers)
         self._state = self._env.reset()
         spec = self._spec_for(task, game)
@@ -319,6 +319,36 @@ class AlfworldEnv:
                 pass
         self._env = None
         self._state = None
+
+
+def _expert_view(command: str) -> str:
+    """The command as ALFWorld's handcoded expert's state tracker understands it.
+
+    alfworld 0.4's grammar says ``move X to Y`` where older grammars said ``put X in/on Y``; the expert
+    emits ``move ...`` but its tracker (``BasePolicy.update_state_tracking``) still looks for ``"put"``
+    to drop the object from its inventory. Without this it keeps a stale inventory after the first
+    put and fails two-object tasks (it asks to move the object it already put).
+    """
+    if command.startswith("move ") and " to " in command:
+        obj, _, recep = command[len("move "):].partition(" to ")
+        return f"put {obj} in {recep}"
+    return command
+
+
+def _expert_wrapper():
+    import textworld
+    from alfworld.agents.environment.alfred_tw_env import AlfredExpert
+
+    class _AlfredExpert(AlfredExpert):
+        """ALFWorld's AlfredExpert, its handcoded expert fed ``_expert_view(command)`` as last action."""
+
+        def step(self, command):
+            self.state, reward, done = textworld.core.Wrapper.step(self, command)
+            self.prev_command = _expert_view(str(command))
+            self._gather_infos()
+            return self.state, reward, done
+
+    return _AlfredExpert()
 
 
 def _world_key(w: HouseholdWorld) -> str:
