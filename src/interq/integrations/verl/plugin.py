@@ -41,7 +41,10 @@ from interq.integrations.verl.correction import (
 )
 
 logger = logging.getLogger("interq.integrations.verl")
-logger.setLevel(os.environ.get("INTERQ_VERL_LOG_LEVEL", "INFO"))
+try:  # verl sets the root logger to WARNING; the one-line load message is INFO
+    logger.setLevel(os.environ.get("INTERQ_VERL_LOG_LEVEL", "INFO").upper())
+except ValueError:
+    logger.setLevel(logging.INFO)
 
 SUPPORTED_VERL = ">=0.9.1,<0.10"
 HELPER_MODULE = "verl.trainer.ppo.rollout_corr_helper"
