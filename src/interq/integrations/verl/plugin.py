@@ -244,7 +244,9 @@ def install() -> None:
         return
     STATE.installed = True
     v = verl_version()
-    if not _version_supported(v):
+    if v is None:
+        logger.warning("interq: verl is not installed; the verl plugin's hooks wait for a verl import")
+    elif not _version_supported(v):
         logger.warning("interq: verl %s is outside the tested range verl%s; the plugin may not apply", v, SUPPORTED_VERL)
     _hooks.when_imported(HELPER_MODULE, _patch_helper)
     _hooks.when_imported("verl.utils.config", _patch_validate)
