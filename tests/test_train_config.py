@@ -38,6 +38,7 @@ def test_overrides_parse_yaml_scalars_and_nest():
     cfg = build_config("q-interq", ["train.steps=3", "algo.budget=0.25", "algo.layout=per_turn", "algo.advantage=gigpo"])
     assert (cfg.train.steps, cfg.algo.budget, cfg.algo.layout, cfg.algo.advantage) == (3, 0.25, "per_turn", "gigpo")
     assert build_config("bf16", ["optim.lr=1"]).optim.lr == 1.0  # int accepted for a float field
+    assert build_config("bf16", ["optim.lr=1e-3"]).optim.lr == 1e-3  # YAML 1.1 reads 1e-3 as a string
 
 
 @pytest.mark.parametrize("override, needle", [

@@ -187,8 +187,11 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            if isinstance(value, str) and value.lower() in ("inf", ".inf"):
-                return math.inf
+            if isinstance(value, str):  # YAML 1.1 reads 1e-3 and inf as strings
+                try:
+                    return float(value.lower().replace(".inf", "inf"))
+                except ValueError:
+                    pass
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         return float(value)
     if tp is str:
