@@ -19,7 +19,9 @@ with R``               sinkbasin, O heatable / coolable / cleanable
                        in a receptacle here (open or not)
 ``use L``              L toggleable, in a receptacle here               "You turn on the L."
 ``examine R``          at R                                             "On the R, you see ..." (or open/closed)
-``examine O``          holding O, or O in an open receptacle here       "There's nothing special about O." ...
+``examine O``          holding O (the PDDL also allows O in an open     "There's nothing special about O." ...
+                       receptacle here, but TextWorld never lists
+                       that: checked against the real engine)
 ``look``               always                                           "You are facing the R. Next to it, ..."
 ``inventory``          always                                           "You are carrying: a O."
 ``help``               always                                           the command list
@@ -197,7 +199,6 @@ class HouseholdGame:
                 if spec.toggleable:
                     cmds[f"use {o}"] = ("use", o)
                 if visible:
-                    cmds[f"examine {o}"] = ("examine_obj", o)
                     if held is None and spec.pickupable:
                         cmds[f"take {o} from {here}"] = ("take", o, here)
             if held is not None:

@@ -211,6 +211,12 @@ class GoalSpec:
     object_sliced: bool            # always False here (no sliced-object goals)
     text: str                      # "put a clean apple in fridge." (without "Your task is to: ")
 
+    @property
+    def task_desc(self) -> str:
+        """ALFWorld's templated task description (no final period: its grammar adds one), i.e. what
+        replaces "UNKNOWN GOAL" in the game grammar."""
+        return self.text[:-1] if self.text.endswith(".") else self.text
+
 
 @dataclass(frozen=True)
 class HouseholdWorld:
