@@ -300,3 +300,18 @@ def test_sampler_draws_from_the_transformed_distribution():
     freq = counts / n
     assert counts[4:].sum() == 0, "a token outside the top-k was sampled"
     assert (freq - probs).abs().max() < 0.015, (freq, probs)
+
+
+def test_collate_layout_and_turn_records():
+    model = tiny_llama()
+    obs = [[[5, 6], [7]], [[8, 9, 10], [11, 12]]]
+    trajs = run_episodes(RolloutEngine(model), obs, [0, 1], SamplingParams(max_action_tokens=2))
+    batch = collate_trajectories(trajs, pad_token_id=1)
+    assert [len(t) for t in trajs] == [7, 9]
+    assert batch["input_ids"].shape == (2, 9) and batch["input_ids"][0, 7:].tolist() == [1, 1]
+    assert batch["attention_mask"].sum(1).tolist() == [7, 9]
+    assert batch["turn_index"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, -1, -1]
+    assert batch["action_mask"][1].tolist() == [False] * 3 + [True] * 2 + [False] * 2 + [True] * 2
+    t = trajs[1]
+    assert [(s.obs_start, s.act_start, s.act_end, s.stop_reason) for s in t.turns] == [(0, 3, 5, "length"), (5, 7, 9, "length")]
+    assert t.action_ids(1) == t.token_ids[7:9].tolist() and t.sampling.max_action_tokens == 2
