@@ -118,7 +118,9 @@ class HouseholdGame:
     def intro(self, banner: bool = True) -> str:
         """The first observation: ALFWorld's intro (banner, look, task line)."""
         head = f"{BANNER}\n\n" if banner else ""
-        return f"{head}{self._look()}\n\n{self.world.goal_text}"
+        everything = render_list(list(self._rec))
+        look = f"You are in the middle of a room. Looking quickly around you, you see {everything}."
+        return f"{head}{look}\n\n{self.world.goal_text}"
 
     def _visible(self, r: str) -> bool:
         rec = self._rec[r]
@@ -165,8 +167,9 @@ class HouseholdGame:
 
     def _look(self) -> str:
         if self.location is None:
-            return ("You are in the middle of a room. Looking quickly around you, you see "
-                    f"{render_list(list(self._rec))}.")
+            # The intro lists every receptacle, but the "look" command lists the receptacles at the
+            # agent's location, and the start location has none (as the real engine answers).
+            return "You are in the middle of a room. Looking quickly around you, you see nothing."
         return f"You are facing the {self.location}. Next to it, you see nothing."
 
     # ---- rules -------------------------------------------------------------------------------
