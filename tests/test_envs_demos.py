@@ -91,3 +91,15 @@ def test_env_without_expert():
     with pytest.raises(TypeError, match="expert_action"):
         record_demo(NoExpert(), None)
     assert Demo.__dataclass_fields__["noise"].default == 0.0
+
+
+def test_demos_are_env_agnostic(tmp_path):
+    shop = make_env("synthshop", split_sizes={"train": 8})
+    clean = list(generate_demos(shop, shop.tasks("train")))
+    assert summarize(clean)["success_rate"] == 1.0
+    noisy = list(generate_demos(shop, shop.tasks("train"), noise=0.5, seed=2))
+    assert summarize(noisy)["noisy_frac"] > 0
+    write_demos(tmp_path / "shop.jsonl", noisy)
+    assert read_demos(tmp_path / "shop.jsonl") == noisy
+    prompt, target = sft_pairs(clean[0])[0]
+    assert "online shop" in prompt and target.startswith("<action>search[")
