@@ -8,6 +8,9 @@
     results = pool.step_batch(actions)                # one action (or None: skip) per slot
     pool.close()
 
+Scripts that build a pool must guard their entry point with ``if __name__ == "__main__":`` (``spawn``
+and ``forkserver`` re-import the main module in each worker).
+
 Failure handling (envs.md: "the affected episode is reported as failed, never silently dropped"):
 
 - A worker that dies (killed, segfault, ``os._exit``) or does not answer a step within
