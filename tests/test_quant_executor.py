@@ -7,6 +7,7 @@ from torch import nn
 
 from interq.quant import (QuantConfig, QuantExperts, QuantLinear, fp8_linear, int_mm_padded, make_executor,
                           sync_weights)
+from interq.quant.linear import int_mm_fp32_exact, resolve_int8_backend
 from interq.quant import primitives as P
 from interq.quant.testing import tiny_causal_lm
 
@@ -30,10 +31,30 @@ def _linear(k, n, bias):
     return lin
 
 
+@pytest.mark.parametrize("k", [100, 1024, 2500])
+def test_fp32_exact_backend_equals_int_mm_at_the_worst_case(k):
+    """fp32 GEMM of int8 codes in K-chunks of 1024 is exact even when every product is +-128*127."""
+    a = torch.full((3, k), -128, dtype=torch.int8)
+    a[1] = torch.randint(-128, 128, (k,), dtype=torch.int8)
+    b = torch.full((k, 5), -127, dtype=torch.int8)
+    b[:, 1:] = torch.randint(-128, 128, (k, 4), dtype=torch.int8)
+    ref = (a.long() @ b.long())
+    assert torch.equal(int_mm_fp32_exact(a, b.float()).long(), ref)
+    assert torch.equal(int_mm_padded(a, b).long(), ref)
+
+
+def test_int8_backend_choice_is_validated():
+    with pytest.raises(ValueError, match="int8_backend"):
+        resolve_int8_backend("fbgemm")
+    assert resolve_int8_backend("auto") in ("int_mm", "fp32_exact")
+
+
+@pytest.mark.parametrize("backend", ["int_mm", "fp32_exact"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_int8_linear_is_the_cutlass_epilogue_bit_exact(bias):
+def test_int8_linear_is_the_cutlass_epilogue_bit_exact(bias, backend):
     lin = _linear(40, 24, bias)  # K, N not multiples of 16: padded path
-    ql = QuantLinear(lin, QuantConfig())
+    ql = QuantLinear(lin, QuantConfig(), int8_backend=backend)
+    assert ql.int8_backend == backend
     x = torch.randn(2, 5, 40)
     y = ql(x)  # [2, 5, 24]
     # independent reference: int64 matmul of the codes, then s_a * (s_w * acc) (+ bias by fp64 fma)
@@ -135,7 +156,7 @@ def test_fp8_tensor_scale_shared_over_fused_qkv_and_gate_up():
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
 def test_sync_weights_executor_follows_changed_learner(kind):
     learner = tiny_causal_lm(kind)
-    exe = make_executor(learner, QuantConfig())
+    exe = make_executor(learner, QuantConfig(), int8_backend="fp32_exact")  # its packed codes must follow too
     ids = torch.randint(0, 128, (2, 10))
     with torch.no_grad():
         before = exe(input_ids=ids).logits
@@ -149,6 +170,16 @@ def test_sync_weights_executor_follows_changed_learner(kind):
     assert isinstance(seconds, float) and seconds > 0
     assert not torch.allclose(synced, before, atol=1e-3)
     assert torch.equal(synced, fresh)  # scales recomputed: identical to a freshly converted executor
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+def test_int8_backends_give_bit_identical_executors(kind):
+    learner = tiny_causal_lm(kind, dtype=torch.bfloat16)
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        a = make_executor(learner, QuantConfig(), int8_backend="int_mm")(input_ids=ids).logits
+        b = make_executor(learner, QuantConfig(), int8_backend="fp32_exact")(input_ids=ids).logits
+    assert torch.equal(a, b)
 
 
 def test_bf16_executor_config_quantizes_nothing():

@@ -78,9 +78,13 @@ def _inject_cache_hook(module: nn.Module, args, kwargs):
     return args, kwargs
 
 
-def make_executor(model: nn.Module, qcfg: QuantConfig | None = None) -> nn.Module:
+def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backend: str = "auto") -> nn.Module:
     """A W8A8(-KV8) executor converted from ``model`` (a transformers causal LM); see the module docstring.
-    The executor is in eval mode with no trainable parameters; ``executor.interq_qcfg`` is its config."""
+    The executor is in eval mode with no trainable parameters; ``executor.interq_qcfg`` is its config.
+
+    ``int8_backend`` chooses how the exact int32 accumulator is computed, not the numerics: ``int_mm``
+    (``torch._int_mm``), ``fp32_exact`` (bit-identical, an fp32 GEMM of the integer codes in K-chunks of
+    1024; fast on CPUs without VNNI), ``auto`` (``int_mm`` on CUDA or AVX512 CPUs, else ``fp32_exact``)."""
     qcfg = QuantConfig() if qcfg is None else qcfg
     if not isinstance(qcfg, QuantConfig):
         raise TypeError(f"make_executor: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
@@ -94,9 +98,9 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None) -> nn.Modul
                              f"{type(model).__name__}; nothing to quantize")
         amaxes = group_amaxes(linears, qcfg)
         for name, lin in linears.items():
-            _set_module(exe, name, QuantLinear(lin, qcfg, amaxes[name]))
+            _set_module(exe, name, QuantLinear(lin, qcfg, amaxes[name], int8_backend))
         for name, ex in experts.items():
-            _set_module(exe, name, QuantExperts(ex, qcfg))
+            _set_module(exe, name, QuantExperts(ex, qcfg, int8_backend))
     exe.interq_qcfg = qcfg
     exe.register_forward_pre_hook(_inject_cache_hook, with_kwargs=True)
     return exe

@@ -17,6 +17,40 @@ from torch import nn
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig
 
+INT8_BACKENDS = ("auto", "int_mm", "fp32_exact")
+_FP32_EXACT_K = 1024  # 128 * 128 * 1024 = 2^24: every partial sum of int8 products is an exact fp32 integer
+
+
+def resolve_int8_backend(backend: str, device: torch.device | None = None) -> str:
+    """``int_mm``: ``torch._int_mm``. ``fp32_exact``: the same int32 accumulator computed by an fp32 GEMM of
+    the integer codes in K-chunks of <= 1024 (every product and partial sum is an integer below 2^24, so
+    each chunk is exact in any summation order; chunks are summed in int32): bit-identical to
+    ``_int_mm``, and fast on CPUs without VNNI, where ``_int_mm`` takes a slow reference path.
+    ``auto``: ``int_mm`` on CUDA and on CPUs whose torch capability is AVX512 (VNNI-class), else ``fp32_exact``."""
+    if backend not in INT8_BACKENDS:
+        raise ValueError(f"int8_backend={backend!r} is not one of {INT8_BACKENDS}")
+    if backend != "auto":
+        return backend
+    if device is not None and device.type == "cuda":
+        return "int_mm"
+    return "int_mm" if "AVX512" in torch.backends.cpu.get_cpu_capability() else "fp32_exact"
+
+
+def int_mm_fp32_exact(a: torch.Tensor, b_f32: torch.Tensor) -> torch.Tensor:
+    """a int8 [M, K], b_f32 [K, N] float32 holding int8 codes -> exact int32 [M, N] (see resolve_int8_backend)."""
+    if torch.get_float32_matmul_precision() != "highest":
+        raise RuntimeError("int8 backend 'fp32_exact' needs torch.get_float32_matmul_precision() == 'highest' "
+                           "(reduced-precision fp32 matmul would not be exact); use int8_backend='int_mm'")
+    k = a.shape[1]
+    af = a.float()  # [M, K]
+    if k <= _FP32_EXACT_K:
+        return (af @ b_f32).to(torch.int32)
+    acc = None
+    for k0 in range(0, k, _FP32_EXACT_K):
+        part = (af[:, k0:k0 + _FP32_EXACT_K] @ b_f32[k0:k0 + _FP32_EXACT_K]).to(torch.int32)  # exact chunk
+        acc = part if acc is None else acc + part
+    return acc
+
 
 def int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Exact int8 x int8 -> int32 GEMM through ``torch._int_mm``; a: [M, K], b: [K, N] -> [M, N].
@@ -50,10 +84,17 @@ def epilogue(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torc
 
 
 def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int, bias: torch.Tensor | None,
-                rounding: str, out_dtype: torch.dtype) -> torch.Tensor:
-    """x2 [M, K] float, wq_t int8 [Kp, Np] (padded, transposed), s_w fp32 [N] or [] -> [M, N] out_dtype."""
+                rounding: str, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None) -> torch.Tensor:
+    """x2 [M, K] float, wq_t int8 [Kp, Np] (padded, transposed), s_w fp32 [N] or [] -> [M, N] out_dtype.
+    With ``codes_f32`` (wq_t as float32) the accumulator comes from the exact fp32 backend instead of
+    ``torch._int_mm``: the same int32 values."""
     q, s_a = P.quant_act_int8_token(x2, rounding)  # [M, K] int8, [M, 1] fp32
-    acc = int_mm_padded(q, wq_t)[:, :n_out].float()  # [M, N] exact int32 -> fp32 (RNE above 2^24)
+    if codes_f32 is None:
+        acc32 = int_mm_padded(q, wq_t)  # [M, Np] int32, exact
+    else:
+        kp = codes_f32.shape[0]
+        acc32 = int_mm_fp32_exact(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), codes_f32)
+    acc = acc32[:, :n_out].float()  # [M, N] exact int32 -> fp32 (RNE above 2^24)
     return epilogue(acc, s_a, s_w, bias, out_dtype)
 
 
@@ -93,17 +134,25 @@ def _pack(w: torch.Tensor, qcfg: QuantConfig, amax: torch.Tensor | None) -> tupl
 class QuantLinear(nn.Module):
     """A W8A8 ``nn.Linear`` replacement: weights quantized once per sync, activations per forward."""
 
-    def __init__(self, linear: nn.Linear, qcfg: QuantConfig, amax: torch.Tensor | None = None):
+    def __init__(self, linear: nn.Linear, qcfg: QuantConfig, amax: torch.Tensor | None = None,
+                 int8_backend: str = "auto"):
         super().__init__()
         if not qcfg.quantizes_weights:
             raise ValueError("QuantLinear needs QuantConfig.w_format in ('int8', 'fp8_e4m3')")
         self.qcfg = qcfg
+        self.int8_backend = resolve_int8_backend(int8_backend, linear.weight.device)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         q, s = _pack(linear.weight, qcfg, amax)
         self.register_buffer("weight_q", q)
         self.register_buffer("weight_scale", s)
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("bias", bias)
+        self._refresh_codes()
+
+    def _refresh_codes(self) -> None:
+        """The fp32_exact backend's kernel layout: the int8 codes as float32 (like a VNNI repacking)."""
+        use = self.qcfg.w_format == "int8" and self.int8_backend == "fp32_exact"
+        self.register_buffer("weight_codes_f32", self.weight_q.float() if use else None, persistent=False)
 
     @torch.no_grad()
     def requantize(self, weight: torch.Tensor, bias: torch.Tensor | None = None, amax: torch.Tensor | None = None):
@@ -111,6 +160,8 @@ class QuantLinear(nn.Module):
         q, s = _pack(weight, self.qcfg, amax)
         self.weight_q.copy_(q)
         self.weight_scale.copy_(s)
+        if self.weight_codes_f32 is not None:
+            self.weight_codes_f32.copy_(self.weight_q)
         if bias is not None and self.bias is not None:
             self.bias.copy_(bias)
 
@@ -118,7 +169,7 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         if self.qcfg.w_format == "int8":
             y = int8_linear(x2, self.weight_q, self.weight_scale, self.out_features, self.bias,
-                            self.qcfg.a_int8_rounding, x.dtype)
+                            self.qcfg.a_int8_rounding, x.dtype, self.weight_codes_f32)
         else:
             y = fp8_linear(x2, self.weight_q, self.weight_scale, self.bias, self.qcfg.a_granularity,
                            self.qcfg.w_granularity, x.dtype)
@@ -126,7 +177,7 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, w={self.qcfg.w_format}/"
-                f"{self.qcfg.w_granularity}, bias={self.bias is not None}")
+                f"{self.qcfg.w_granularity}, bias={self.bias is not None}, int8_backend={self.int8_backend}")
 
 
 def is_fused_experts(module: nn.Module) -> bool:
@@ -168,10 +219,11 @@ class QuantExperts(nn.Module):
     """W8A8 fused MoE experts: per expert, per output channel (or per expert tensor) weight scales,
     per-token dynamic activations, the same kernels as ``QuantLinear``."""
 
-    def __init__(self, experts: nn.Module, qcfg: QuantConfig):
+    def __init__(self, experts: nn.Module, qcfg: QuantConfig, int8_backend: str = "auto"):
         super().__init__()
         check_experts_layout(experts)
         self.qcfg = qcfg
+        self.int8_backend = resolve_int8_backend(int8_backend, experts.gate_up_proj.device)
         self.num_experts = experts.gate_up_proj.shape[0]
         self.act_fn = experts.act_fn
         self.gu_shape = tuple(experts.gate_up_proj.shape)  # [E, 2I, H]
@@ -180,6 +232,8 @@ class QuantExperts(nn.Module):
             q, s = _pack(getattr(experts, name), qcfg, None)
             self.register_buffer(f"{name}_q", q)
             self.register_buffer(f"{name}_scale", s)
+            use = qcfg.w_format == "int8" and self.int8_backend == "fp32_exact"
+            self.register_buffer(f"{name}_codes_f32", q.float() if use else None, persistent=False)
 
     @torch.no_grad()
     def requantize(self, experts: nn.Module):
@@ -187,11 +241,16 @@ class QuantExperts(nn.Module):
             q, s = _pack(getattr(experts, name), self.qcfg, None)
             getattr(self, f"{name}_q").copy_(q)
             getattr(self, f"{name}_scale").copy_(s)
+            codes = getattr(self, f"{name}_codes_f32")
+            if codes is not None:
+                codes.copy_(q)
 
     def _gemm(self, name: str, n_out: int, e: int, x: torch.Tensor) -> torch.Tensor:
         wq, s = getattr(self, f"{name}_q")[e], getattr(self, f"{name}_scale")[e]
         if self.qcfg.w_format == "int8":
-            return int8_linear(x, wq, s, n_out, None, self.qcfg.a_int8_rounding, x.dtype)
+            codes = getattr(self, f"{name}_codes_f32")
+            return int8_linear(x, wq, s, n_out, None, self.qcfg.a_int8_rounding, x.dtype,
+                               None if codes is None else codes[e])
         return fp8_linear(x, wq, s, None, self.qcfg.a_granularity, self.qcfg.w_granularity, x.dtype)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
