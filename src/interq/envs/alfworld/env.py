@@ -234,7 +234,8 @@ class AlfworldEnv:
         if i >= self.split_sizes[s]:
             raise UnknownTaskError(f"unknown alfworld task {task_id!r}: split {s!r} has {self.split_sizes[s]} tasks")
         world, places, agent = self._generated(s, i)
-        d = self.cache_dir / f"seed{self.seed}" / s / f"{i:05d}"
+        # keyed by the world's content too, so a changed generator never reuses a stale game
+        d = self.cache_dir / f"seed{self.seed}" / s / _world_key(world)
         if (d / "game.tw-pddl").exists():
             return d / "game.tw-pddl"
         return write_game(world, d, places, agent)

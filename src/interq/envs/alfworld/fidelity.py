@@ -62,9 +62,16 @@ def fidelity_worlds(per_type: int, seed: int = 0, split: str = "train", size: st
     return out
 
 
-def check_world(world: HouseholdWorld, cache_dir: str, max_steps: int = 60) -> TaskFidelity:
+def check_world(world: HouseholdWorld, cache_dir: str, max_steps: int = 60, noise: float = 0.0,
+                seed: int = 0) -> TaskFidelity:
+    """Walk the household expert's plan in both engines; with ``noise`` > 0 each step is instead, with
+    that probability, a random admissible action of the household engine (deterministic in ``seed``),
+    which exercises rules off the expert's path (wrong receptacles, examine, inventory, put-backs)."""
+    import random
+
     from .env import AlfworldEnv
 
+    rng = random.Random(f"{seed}|{world.task_id}")
     hh = HouseholdEnv(worlds=[world], max_steps=max_steps, expert="explore")
     aw = AlfworldEnv(worlds=[world], cache_dir=cache_dir, max_steps=max_steps, expert=False)
     try:
@@ -91,6 +98,8 @@ def check_world(world: HouseholdWorld, cache_dir: str, max_steps: int = 60) -> T
             action = hh.expert_action()
             if action is None:
                 break
+            if noise > 0 and rng.random() < noise:
+                action = rng.choice(sorted(hh.admissible_actions()))
             hr = hh.step(action)
             ar = aw.step(action)
             rec.steps = step
@@ -105,7 +114,8 @@ def check_world(world: HouseholdWorld, cache_dir: str, max_steps: int = 60) -> T
 
 
 def run_fidelity(per_type: int = 50, seed: int = 0, split: str = "train", size: str = "full",
-                 cache_dir: str | None = None, progress: bool = False, max_disagreements: int = 50) -> FidelityReport:
+                 cache_dir: str | None = None, progress: bool = False, max_disagreements: int = 50,
+                 noise: float = 0.0) -> FidelityReport:
     worlds = fidelity_worlds(per_type, seed, split, size)
     tmp = None
     if cache_dir is None:
@@ -116,7 +126,7 @@ def run_fidelity(per_type: int = 50, seed: int = 0, split: str = "train", size: 
     steps = 0
     try:
         for i, w in enumerate(worlds):
-            r = check_world(w, cache_dir)
+            r = check_world(w, cache_dir, noise=noise, seed=seed)
             recs.append(r)
             steps += r.steps
             if progress:
@@ -150,9 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--split", default="train", choices=["train", "valid_seen", "valid_unseen"])
     ap.add_argument("--size", default="full", choices=["full", "small"])
+    ap.add_argument("--noise", type=float, default=0.0,
+                    help="share of steps replaced by a random admissible action (0: the expert's plan)")
     ap.add_argument("--out", default=None, help="write the full report as JSON here")
     args = ap.parse_args(argv)
-    rep = run_fidelity(args.per_type, args.seed, args.split, args.size, progress=True)
+    rep = run_fidelity(args.per_type, args.seed, args.split, args.size, progress=True, noise=args.noise)
     d = asdict(rep)
     if args.out:
         with open(args.out, "w") as f:
