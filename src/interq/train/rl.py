@@ -91,6 +91,7 @@ class Batch:
     turn_idx: torch.Tensor | None      # [B] per_turn layout only
     row_episode: list[int]             # [B] episode index of each row
     temperature: float
+    top_p: float
     metrics: dict                      # advantage metrics
 
 
@@ -114,7 +115,7 @@ def build_batch(episodes: list[Episode], cfg: AlgoConfig, pad_id: int) -> Batch:
     per_turn = cfg.layout == "per_turn"
     return Batch(coll["input_ids"], coll["attention_mask"], coll["action_mask"], coll["behavior_logprobs"], adv,
                  torch.tensor(row_ep) if per_turn else None, torch.tensor(row_turn) if per_turn else None,
-                 row_ep, rows[0].sampling.temperature, adv_metrics)
+                 row_ep, rows[0].sampling.temperature, rows[0].sampling.top_p, adv_metrics)
 
 
 def micro_batches(batch: Batch, row_subset: list[int], tokens_per_microbatch: int) -> list[list[int]]:
@@ -165,15 +166,21 @@ class Learner:
         self.forward_calls += 1
         self.forward_rows += int(ids.shape[0]) if ids is not None else 0
 
-    def logprobs(self, mb: dict, temperature: float) -> torch.Tensor:
+    def logprobs(self, mb: dict, batch: "Batch") -> torch.Tensor:
+        """Learner log-probs of the rows under the executor's sampling transform. [b, l]"""
+        from contextlib import nullcontext
+
         from interq.rollout import sequence_logprobs
 
         if self.cfg.algo.align:
             from interq.quant import aligned
 
-            with aligned(self.model, self.qcfg):
-                return sequence_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=temperature)
-        return sequence_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=temperature)
+            ctx = aligned(self.model, self.qcfg)
+        else:
+            ctx = nullcontext()
+        with ctx:
+            return sequence_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=batch.temperature,
+                                     top_p=batch.top_p)
 
 
 def correction_config(a: AlgoConfig):
@@ -206,7 +213,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
         with torch.no_grad():
             for rows in micro_batches(batch, all_rows, t.tokens_per_microbatch):
                 mb = _rows(batch, rows)
-                proximal[mb["idx"], : mb["width"]] = learner.logprobs(mb, batch.temperature)
+                proximal[mb["idx"], : mb["width"]] = learner.logprobs(mb, batch)
         corr = compute_correction(a.correction, proximal, batch.behavior_logprobs, batch.action_mask,
                                   traj_id=batch.traj_id, turn_idx=batch.turn_idx, config=ccfg)
         weights, keep = corr.weights, corr.keep_mask  # [B, L]
@@ -227,7 +234,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
             learner.optimizer.zero_grad(set_to_none=True)
             for rows in micro_batches(batch, rows_mb, t.tokens_per_microbatch):
                 mb = _rows(batch, rows)
-                current = learner.logprobs(mb, batch.temperature)  # [b, l]
+                current = learner.logprobs(mb, batch)  # [b, l]
                 if skip:
                     prox = current.detach()  # [b, l]
                     proximal[mb["idx"], : mb["width"]] = prox
