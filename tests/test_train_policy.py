@@ -50,3 +50,17 @@ def test_same_seed_same_weights():
 def test_load_policy_rejects_a_directory_without_a_checkpoint(tmp_path):
     with pytest.raises(ConfigError, match="model.source"):
         load_policy(tmp_path)
+
+
+def test_sft_action_nll_equals_full_logits_reference():
+    from interq.train.sft import action_nll, pad_rows
+
+    model, tok = build_tiny_policy(ModelConfig(vocab_size=400, hidden_size=32, intermediate_size=64, num_heads=2,
+                                               num_kv_heads=1), TEXTS)
+    rows = [([5, 6, 7, 8, 9, 10], [False, False, True, True, False, True]), ([11, 12, 13], [False, True, True])]
+    ids, att, act = pad_rows(rows, tok.pad_token_id)
+    nll, n = action_nll(model, ids, att, act)
+    logp = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits.float(), -1)  # [B, L, V]
+    ref = -sum(logp[b, l - 1, ids[b, l]] for b in range(2) for l in range(1, ids.shape[1]) if act[b, l])
+    assert n == 5
+    torch.testing.assert_close(nll, ref, rtol=1e-5, atol=1e-5)
