@@ -31,6 +31,15 @@ def test_mangle_and_expert_view():
     assert _expert_view("go to fridge 1") == "go to fridge 1"
 
 
+def test_missing_engine_error(monkeypatch):
+    from interq._optional import MissingDependency
+    from interq.envs.alfworld import AlfworldEnv
+
+    monkeypatch.setitem(sys.modules, "alfworld", None)
+    with pytest.raises(MissingDependency, match="setup.sh alfworld"):
+        AlfworldEnv()
+
+
 alfworld_mark = pytest.mark.alfworld
 
 

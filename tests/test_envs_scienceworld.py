@@ -6,12 +6,21 @@ One JVM for the whole module (about 2 s to start, more on a loaded machine).
 from __future__ import annotations
 
 import shutil
+import sys
 
 import pytest
 
 from interq.envs.base import EpisodeError, TaskSpec, UnknownTaskError
 
-pytestmark = pytest.mark.scienceworld
+
+
+def test_missing_engine_error(monkeypatch):
+    from interq._optional import MissingDependency
+    from interq.envs.scienceworld import ScienceWorldEnv
+
+    monkeypatch.setitem(sys.modules, "scienceworld", None)
+    with pytest.raises(MissingDependency, match="setup.sh scienceworld"):
+        ScienceWorldEnv()
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +35,7 @@ def sw():
     env.close()
 
 
+@pytest.mark.scienceworld
 def test_splits_are_disjoint(sw):
     specs = {s: sw.tasks(s) for s in ("train", "dev", "test")}
     ids = {s: {t.task_id for t in v} for s, v in specs.items()}
@@ -37,6 +47,7 @@ def test_splits_are_disjoint(sw):
         sw.tasks("valid")
 
 
+@pytest.mark.scienceworld
 def test_gold_path_scores_100(sw):
     task = next(t for t in sw.tasks("train") if t.task_type == "find-living-thing")
     obs = sw.reset(task)
@@ -59,6 +70,7 @@ def sw_score_at_reset(sw, task) -> int:
     return sw.score
 
 
+@pytest.mark.scienceworld
 def test_failure_ends_episode(sw):
     task = next(t for t in sw.tasks("train") if t.task_type == "find-living-thing")
     sw.reset(task)
@@ -71,6 +83,7 @@ def test_failure_ends_episode(sw):
         sw.step("look around")
 
 
+@pytest.mark.scienceworld
 def test_bad_input(sw):
     with pytest.raises(UnknownTaskError):
         sw.reset("no-such-task:0")
@@ -94,6 +107,7 @@ def test_bad_input(sw):
         ScienceWorldEnv(max_steps=0)
 
 
+@pytest.mark.scienceworld
 def test_truncation(sw):
     sw.max_steps, old = 2, sw.max_steps
     try:
@@ -107,6 +121,7 @@ def test_truncation(sw):
         sw.max_steps = old
 
 
+@pytest.mark.scienceworld
 def test_jvm_heap_is_capped(sw):
     import os
 
