@@ -61,11 +61,17 @@ def test_overrides_parse_yaml_scalars_and_nest():
     ("algo.minibatches_per_step=1000", "algo.minibatches_per_step"),
     ("algo.colour=red", "unknown field(s) ['colour']"),
     ("nosuchsection.x=1", "unknown field(s) ['nosuchsection']"),
+    ("env.action_format=json", "env.action_format"),
 ])
 def test_invalid_values_are_rejected_naming_the_field(override, needle):
     with pytest.raises(ConfigError) as e:
         build_config("q-interq", [override])
     assert needle in str(e.value)
+
+
+def test_index_actions_need_the_admissible_list():
+    with pytest.raises(ConfigError, match="env.action_format='index' needs env.show_admissible=true"):
+        build_config("bf16", ["env.action_format=index", "env.show_admissible=false"])
 
 
 def test_align_requires_quantized_executor():

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interq.envs.base import Observation, TaskSpec
+from interq.envs.base import Observation, ParsedAction, TaskSpec
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Episode:
         return float(sum(self.rewards))
 
 
-def make_render(show_admissible: bool = True) -> Callable[..., str]:
+def make_render(show_admissible: bool = True, numbered: bool = False) -> Callable[..., str]:
     """A compact observation renderer (a tiny policy cannot afford verl-agent's long prompt; a pretrained chat
     model can use ``interq.envs.prompting.build_prompt`` through the ``render`` argument instead).
 
@@ -68,7 +68,10 @@ def make_render(show_admissible: bool = True) -> Callable[..., str]:
                 parts.append(f"{o}\n> {a}")
         parts.append(obs.text)
         if show_admissible and obs.admissible_actions:
-            parts.append("Actions: " + ", ".join(obs.admissible_actions))
+            if numbered:
+                parts.append("Actions: " + "; ".join(f"{k} {a}" for k, a in enumerate(obs.admissible_actions, 1)))
+            else:
+                parts.append("Actions: " + ", ".join(obs.admissible_actions))
         return "\n".join(parts)
 
     return render
@@ -91,8 +94,13 @@ def play_episodes(
     layout: str = "concatenated",
     history_turns: int = 0,
     render: Callable[..., str] = default_render,
+    action_by_index: bool = False,
 ) -> list[Episode]:
-    """Play ``len(tasks)`` episodes (episode i: ``tasks[i]``, sampling seed ``seeds[i]``) to the end."""
+    """Play ``len(tasks)`` episodes (episode i: ``tasks[i]``, sampling seed ``seeds[i]``) to the end.
+
+    ``action_by_index``: the agent answers with the number of an action in the observation's admissible list
+    (rendered numbered); anything else is an unparseable action (penalty, passed on as-is).
+    """
     if not (len(tasks) == len(seeds) == len(groups)):
         raise ValueError(f"tasks, seeds and groups must have the same length, got {len(tasks)}, {len(seeds)}, {len(groups)}")
     if layout not in ("concatenated", "per_turn"):
@@ -104,10 +112,10 @@ def play_episodes(
     try:
         if layout == "concatenated":
             _play_concatenated(engine, chat_format, envs, episodes, current, history, sampling, max_turns,
-                               invalid_action_penalty, render)
+                               invalid_action_penalty, render, action_by_index)
         else:
             _play_per_turn(engine, chat_format, envs, episodes, current, history, sampling, max_turns,
-                           invalid_action_penalty, history_turns, render)
+                           invalid_action_penalty, history_turns, render, action_by_index)
     finally:
         for env in envs:
             try:
@@ -117,9 +125,17 @@ def play_episodes(
     return episodes
 
 
-def _apply(env, ep: Episode, obs: Observation, text: str, penalty: float) -> tuple[Observation, bool]:
+def parse_index(text: str, admissible: Sequence[str] | None) -> ParsedAction:
+    """``"3"`` -> the 3rd admissible action; anything else is unparseable (passed on as-is)."""
+    s = text.strip()
+    if admissible and s.isdigit() and 1 <= int(s) <= len(admissible):
+        return ParsedAction(admissible[int(s) - 1], True)
+    return ParsedAction(s, False)
+
+
+def _apply(env, ep: Episode, obs: Observation, text: str, penalty: float, by_index: bool = False) -> tuple[Observation, bool]:
     """Parse and step one action; record reward/anchor; return (next observation, episode done)."""
-    parsed = env.parse_action(text)
+    parsed = parse_index(text, obs.admissible_actions) if by_index else env.parse_action(text)
     ep.anchors.append(obs.anchor or obs.text)
     ep.actions.append(parsed.action)
     result = env.step(parsed.action)
@@ -133,7 +149,7 @@ def _apply(env, ep: Episode, obs: Observation, text: str, penalty: float) -> tup
     return result.observation, bool(result.terminated or result.truncated)
 
 
-def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, render):
+def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, render, by_index):
     batch = engine.new_batch(seeds=[ep.seed for ep in episodes], sampling=sampling)
     chats = [fmt.start() for _ in episodes]
     obs_ids = {i: chats[i].observation(render(ep.task, current[i], 0, [], None)) for i, ep in enumerate(episodes)}
@@ -147,7 +163,7 @@ def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, 
             if r.truncated:  # context limit: the engine has already closed the episode
                 ep.truncated = ep.context_truncated = True
                 continue
-            nxt, done = _apply(envs[i], ep, current[i], text, penalty)
+            nxt, done = _apply(envs[i], ep, current[i], text, penalty, by_index)
             history[i].append((current[i].text, ep.actions[-1]))
             current[i] = nxt
             if not done and ep.num_turns >= max_turns:
@@ -161,7 +177,7 @@ def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, 
         ep.rows = [batch.trajectory(i)]
 
 
-def _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, window, render):
+def _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, window, render, by_index):
     live = list(range(len(episodes)))
     turn = 0
     while live:
@@ -182,7 +198,7 @@ def _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_
                 ep.truncated = ep.context_truncated = True
                 ep.rows.pop()  # a prompt that did not fit has no action to train on
                 continue
-            nxt, done = _apply(envs[i], ep, current[i], text, penalty)
+            nxt, done = _apply(envs[i], ep, current[i], text, penalty, by_index)
             history[i].append((current[i].text, ep.actions[-1]))
             current[i] = nxt
             if not done and ep.num_turns >= max_turns:

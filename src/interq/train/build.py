@@ -73,8 +73,9 @@ class Demo:
 
 def collect_demos(make_env: Callable[[], Any], tasks: list[TaskSpec], num_demos: int, noise: float, seed: int,
                   max_turns: int, layout: str = "concatenated", history_turns: int = 0,
-                  render: Callable[..., str] = default_render) -> list[Demo]:
-    """Expert episodes with a share ``noise`` of random admissible actions, rendered like the agent loop."""
+                  render: Callable[..., str] = default_render, by_index: bool = False) -> list[Demo]:
+    """Expert episodes with a share ``noise`` of random admissible actions, rendered like the agent loop.
+    ``by_index``: the recorded answer is the action's number in the admissible list (``env.action_format``)."""
     rng = random.Random(seed)
     demos = []
     env = make_env()
@@ -90,7 +91,8 @@ def collect_demos(make_env: Callable[[], Any], tasks: list[TaskSpec], num_demos:
                     action = rng.choice(list(obs.admissible_actions))
                 else:
                     action = env.expert_action()
-                actions.append(action)
+                adm = list(obs.admissible_actions or ())
+                actions.append(str(adm.index(action) + 1) if by_index and action in adm else action)
                 res = env.step(action)
                 hist.append((obs.text, action))
                 obs = res.observation

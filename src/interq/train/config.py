@@ -73,6 +73,7 @@ class EnvConfig:
     task_types: str = ""                # comma-separated task types to keep (empty: all), e.g. pick_and_place
     max_turns: int = 12                 # environment step limit per episode (truncation)
     show_admissible: bool = True        # list the admissible actions in every observation
+    action_format: str = "text"         # text: the agent writes the action; index: its number in the listed actions
     invalid_action_penalty: float = 0.1  # spec §6
     env_kwargs: dict = field(default_factory=dict)  # extra keyword arguments for make_env
 
@@ -355,6 +356,9 @@ def validate(cfg: RunConfig) -> None:
     _positive("env.num_train_tasks", e.num_train_tasks, allow_zero=True)
     _positive("env.num_eval_tasks", e.num_eval_tasks, allow_zero=True)
     _positive("env.max_turns", e.max_turns)
+    _one_of("env.action_format", e.action_format, ("text", "index"))
+    if e.action_format == "index" and not e.show_admissible:
+        raise ConfigError("env.action_format='index' needs env.show_admissible=true (the agent picks from the listed actions)")
     _positive("env.invalid_action_penalty", e.invalid_action_penalty, allow_zero=True)
 
     w = cfg.warm_start

@@ -43,13 +43,15 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, log=print) -> tuple[P
     make_env = env_factory(cfg.env)
     train_tasks, _ = split_tasks(make_env, cfg.env)
     w = cfg.warm_start
+    by_index = cfg.env.action_format == "index"
+    render = make_render(cfg.env.show_admissible, by_index)
     n_demos = max(w.num_demos, 32) if cfg.model.source == "tiny" else w.num_demos
     demos = collect_demos(make_env, train_tasks, n_demos, w.noise if w.enabled else 0.0, w.seed, cfg.env.max_turns,
-                          cfg.algo.layout, cfg.rollout.history_turns, make_render(cfg.env.show_admissible))
+                          cfg.algo.layout, cfg.rollout.history_turns, render, by_index)
     if cfg.model.source == "tiny":
         # the tokenizer is trained on expert text without noise so every admissible action is in its corpus
         clean = collect_demos(make_env, train_tasks, min(len(train_tasks), 64), 0.0, w.seed + 1, cfg.env.max_turns,
-                              cfg.algo.layout, cfg.rollout.history_turns, make_render(cfg.env.show_admissible))
+                              cfg.algo.layout, cfg.rollout.history_turns, render, by_index)
         model, tokenizer = build_tiny_policy(cfg.model, demo_texts(demos + clean), seed=cfg.train.seed)
     else:
         model, tokenizer = load_policy(cfg.model.source, cfg.model.dtype)

@@ -284,7 +284,9 @@ def sampling_params(cfg: RunConfig, fmt, temperature: float | None = None):
 def rollout(engine, fmt, make_env, tasks, seeds, groups, sampling, cfg: RunConfig) -> list[Episode]:
     return play_episodes(engine, fmt, make_env, tasks, seeds, groups, sampling, max_turns=cfg.env.max_turns,
                          invalid_action_penalty=cfg.env.invalid_action_penalty, layout=cfg.algo.layout,
-                         history_turns=cfg.rollout.history_turns, render=make_render(cfg.env.show_admissible))
+                         history_turns=cfg.rollout.history_turns,
+                         render=make_render(cfg.env.show_admissible, cfg.env.action_format == "index"),
+                         action_by_index=cfg.env.action_format == "index")
 
 
 def episode_stats(episodes: list[Episode], prefix: str) -> dict:
