@@ -36,6 +36,8 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, log=print) -> tuple[P
     from interq.train.sft import run_sft
 
     _quiet_transformers()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     out_dir = Path(out_dir)
     if (out_dir / "policy_summary.json").is_file():
         return out_dir, json.loads((out_dir / "policy_summary.json").read_text())
