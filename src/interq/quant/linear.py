@@ -3,7 +3,10 @@
 - int8: ``acc = torch._int_mm(q_act[M, K], q_wT[K, N])`` (exact int32), then the CUTLASS epilogue
   ``y = s_a * (s_w * float(acc))`` in fp32 (bias by one fused multiply-add, emulated in float64), cast to
   the compute dtype. Shapes ``_int_mm`` cannot take (K or N not a multiple of 8, or M <= 16 on CUDA) are
-  zero-padded, which is exact; never a float fallback.
+  zero-padded, which is exact; never a float fallback. The same int32 accumulator can instead come from
+  the ``fp32_exact`` backend (an fp32 GEMM of the integer codes in K-chunks of 1024, exact by a bound,
+  bit-identical): on CPUs without VNNI (this project's AVX2 dev machine) ``_int_mm`` runs a slow
+  reference path and this is several times faster. The backend never changes a single bit of output.
 - fp8 e4m3: operands cast to e4m3 after clamping, products summed in float64 (exact for these K: order
   and batch invariant), scales applied in the same order. Hopper's FastAccum fp8 GEMM accumulates in
   reduced precision (~1e-3 relative): that is a documented tolerance, not reproduced.

