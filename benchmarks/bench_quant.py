@@ -183,6 +183,7 @@ def main() -> None:
     ap.add_argument("--speed-prompt", type=int, default=16, help="prompt tokens before the timed decode steps")
     ap.add_argument("--skip-smollm2", action="store_true")
     ap.add_argument("--hf-generate", action="store_true", help="also time HF generate on the bf16 learner (slow here)")
+    ap.add_argument("--no-int-mm", action="store_true", help="skip the torch._int_mm speed arm (slow on CPUs without VNNI)")
     ap.add_argument("--speed-only", action="store_true", help="SmolLM2 decode speed, KV bytes and sync only (no numerics)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -226,9 +227,10 @@ def main() -> None:
             del learner32
             result["smollm2"] = res
         exe_q_bf16kv = make_executor(learner, QuantConfig(kv_format="none"))
-        exe_q_intmm = make_executor(learner, qcfg, int8_backend="int_mm")
-        arms = {"bf16": (exe_b, BF16_EXECUTOR), "w8a8_kv8": (exe_q, qcfg), "w8a8_kv8_int_mm": (exe_q_intmm, qcfg),
+        arms = {"bf16": (exe_b, BF16_EXECUTOR), "w8a8_kv8": (exe_q, qcfg),
                 "w8a8_bf16kv": (exe_q_bf16kv, exe_q_bf16kv.interq_qcfg)}
+        if not args.no_int_mm:
+            arms["w8a8_kv8_int_mm"] = (make_executor(learner, qcfg, int8_backend="int_mm"), qcfg)
         if args.hf_generate:
             arms["hf_generate_bf16"] = (learner, None)
         result["int8_backend_auto"] = next(m for m in exe_q.modules() if hasattr(m, "int8_backend")).int8_backend
@@ -243,11 +245,12 @@ def main() -> None:
             "int8_over_bf16_decode_bs16": round(speed["bs16"]["w8a8_kv8"] / speed["bs16"]["bf16"], 3),
             "int8_over_bf16_decode_bs1": round(speed["bs1"]["w8a8_kv8"] / speed["bs1"]["bf16"], 3),
             "int8_bf16kv_over_bf16_decode_bs16": round(speed["bs16"]["w8a8_bf16kv"] / speed["bs16"]["bf16"], 3),
-            "int8_int_mm_over_bf16_decode_bs16": round(speed["bs16"]["w8a8_kv8_int_mm"] / speed["bs16"]["bf16"], 3),
-            "int8_int_mm_over_bf16_decode_bs1": round(speed["bs1"]["w8a8_kv8_int_mm"] / speed["bs1"]["bf16"], 3),
             "kv_bytes_ratio": round(s["kv_bytes_per_token"]["q"] / s["kv_bytes_per_token"]["bf16"], 4),
             "sync_seconds": s["sync_seconds"],
         })
+        if not args.no_int_mm:
+            for b in (1, 16):
+                result[f"int8_int_mm_over_bf16_decode_bs{b}"] = round(speed[f"bs{b}"]["w8a8_kv8_int_mm"] / speed[f"bs{b}"]["bf16"], 3)
         if not args.speed_only:
             result.update({
                 "abs_dlogp_mean_q_vs_bf16": s["q_vs_bf16_learner"]["abs_mean"],
