@@ -12,7 +12,7 @@ setup:
 
 demo:
 	scripts/setup.sh dev
-	$(PY) -m interq selfcheck
+	$(PY) -m interq demo --out runs/demo
 
 selfcheck:
 	scripts/setup.sh dev
