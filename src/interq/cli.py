@@ -111,3 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         parser.error(f"unknown command {argv[0]!r}; accepted: {', '.join(sorted(COMMANDS))}")
     return COMMANDS[argv[0]][0](argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

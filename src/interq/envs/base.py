@@ -101,3 +101,15 @@ class EpisodeError(RuntimeError):
 
 class UnknownTaskError(ValueError):
     """reset() was given a task this environment does not have (wrong env, split or id)."""
+
+
+def resolve_split_sizes(defaults: dict[str, int], split_sizes: dict[str, int] | None) -> dict[str, int]:
+    """``defaults`` updated by ``split_sizes``; an unknown split or a negative / non-int size is a ValueError."""
+    sizes = dict(defaults)
+    for k, v in (split_sizes or {}).items():
+        if k not in defaults:
+            raise ValueError(f"split_sizes: unknown split {k!r}; accepted: {list(defaults)}")
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"split_sizes[{k!r}] must be a non-negative int; got {v!r}")
+        sizes[k] = v
+    return sizes

@@ -39,7 +39,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action
+from .base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action, resolve_split_sizes
 
 SEP = " [SEP] "
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -250,13 +250,7 @@ class SynthShopEnv:
                  split_sizes: dict[str, int] | None = None, max_steps: int = 15, success_reward: float = 10.0):
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive int; got {max_steps!r}")
-        sizes = dict(DEFAULT_SPLIT_SIZES)
-        for k, v in (split_sizes or {}).items():
-            if k not in SPLITS:
-                raise ValueError(f"split_sizes: unknown split {k!r}; accepted: {list(SPLITS)}")
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"split_sizes[{k!r}] must be a non-negative int; got {v!r}")
-            sizes[k] = v
+        sizes = resolve_split_sizes(DEFAULT_SPLIT_SIZES, split_sizes)
         self.seed, self.split_sizes, self.max_steps = int(seed), sizes, max_steps
         self.success_reward = float(success_reward)
         self.catalog = Catalog(catalog_seed, products_per_type)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..._optional import require
-from ..base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action
+from ..base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action, resolve_split_sizes
 from ..household.world import ALFRED_TASK_TYPE, HouseholdWorld
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -129,13 +129,7 @@ class AlfworldEnv:
         self.expert = bool(expert)
         self.seed = int(seed)
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-        sizes = dict(DEFAULT_SPLIT_SIZES)
-        for k, v in (split_sizes or {}).items():
-            if k not in SPLITS:
-                raise ValueError(f"split_sizes: unknown split {k!r}; accepted: {list(SPLITS)}")
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"split_sizes[{k!r}] must be a non-negative int; got {v!r}")
-            sizes[k] = v
+        sizes = resolve_split_sizes(DEFAULT_SPLIT_SIZES, split_sizes)
         self.split_sizes = sizes
         self._worlds: dict[str, HouseholdWorld] | None = None
         self._official: Path | None = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action
+from ..base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action, resolve_split_sizes
 from .engine import HouseholdGame
 from .generator import DEFAULT_SPLIT_SIZES, SIZES, SPLITS, generate_goal, generate_world, parse_task_id
 from .world import HouseholdWorld
@@ -58,14 +58,7 @@ class HouseholdEnv:
         self.expert = expert
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive int; got {max_steps!r}")
-        sizes = dict(DEFAULT_SPLIT_SIZES)
-        if split_sizes:
-            for k, v in split_sizes.items():
-                if k not in SPLITS:
-                    raise ValueError(f"split_sizes: unknown split {k!r}; accepted: {list(SPLITS)}")
-                if not isinstance(v, int) or v < 0:
-                    raise ValueError(f"split_sizes[{k!r}] must be a non-negative int; got {v!r}")
-                sizes[k] = v
+        sizes = resolve_split_sizes(DEFAULT_SPLIT_SIZES, split_sizes)
         self.seed = int(seed)
         self.split_sizes = sizes
         self.max_steps = max_steps
