@@ -133,8 +133,10 @@ def parse_index(text: str, admissible: Sequence[str] | None) -> ParsedAction:
     return ParsedAction(s, False)
 
 
-def _apply(env, ep: Episode, obs: Observation, text: str, penalty: float, by_index: bool = False) -> tuple[Observation, bool]:
-    """Parse and step one action; record reward/anchor; return (next observation, episode done)."""
+def _apply(i: int, envs, episodes, current, history, text: str, penalty: float, by_index: bool, max_turns: int) -> bool:
+    """Parse and step episode ``i``'s action; record reward, anchor and history, advance ``current[i]``,
+    enforce the turn limit; return whether the episode is done (both layouts share this)."""
+    env, ep, obs = envs[i], episodes[i], current[i]
     parsed = parse_index(text, obs.admissible_actions) if by_index else env.parse_action(text)
     ep.anchors.append(obs.anchor or obs.text)
     ep.actions.append(parsed.action)
@@ -146,7 +148,12 @@ def _apply(env, ep: Episode, obs: Observation, text: str, penalty: float, by_ind
         ep.won = True
     ep.terminated = bool(result.terminated)
     ep.truncated = bool(result.truncated)
-    return result.observation, bool(result.terminated or result.truncated)
+    done = bool(result.terminated or result.truncated)
+    history[i].append((obs.text, ep.actions[-1]))
+    current[i] = result.observation
+    if not done and ep.num_turns >= max_turns:
+        ep.truncated, done = True, True
+    return done
 
 
 def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, render, by_index):
@@ -163,15 +170,11 @@ def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, 
             if r.truncated:  # context limit: the engine has already closed the episode
                 ep.truncated = ep.context_truncated = True
                 continue
-            nxt, done = _apply(envs[i], ep, current[i], text, penalty, by_index)
-            history[i].append((current[i].text, ep.actions[-1]))
-            current[i] = nxt
-            if not done and ep.num_turns >= max_turns:
-                ep.truncated, done = True, True
+            done = _apply(i, envs, episodes, current, history, text, penalty, by_index, max_turns)
             if done:
                 batch.finish(i)
             else:
-                obs_ids[i] = chats[i].observation(render(ep.task, nxt, turn + 1, history[i], None))
+                obs_ids[i] = chats[i].observation(render(ep.task, current[i], turn + 1, history[i], None))
         turn += 1
     for i, ep in enumerate(episodes):
         ep.rows = [batch.trajectory(i)]
@@ -198,11 +201,7 @@ def _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_
                 ep.truncated = ep.context_truncated = True
                 ep.rows.pop()  # a prompt that did not fit has no action to train on
                 continue
-            nxt, done = _apply(envs[i], ep, current[i], text, penalty, by_index)
-            history[i].append((current[i].text, ep.actions[-1]))
-            current[i] = nxt
-            if not done and ep.num_turns >= max_turns:
-                ep.truncated, done = True, True
+            done = _apply(i, envs, episodes, current, history, text, penalty, by_index, max_turns)
             if not done:
                 still.append(i)
         live = still
