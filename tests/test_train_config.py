@@ -53,6 +53,7 @@ def test_overrides_parse_yaml_scalars_and_nest():
     ("rollout.top_p=1.5", "rollout.top_p"),
     ("rollout.executor=int4", "rollout.executor"),
     ("warm_start.noise=2", "warm_start.noise"),
+    ("warm_start.observation_weight=-1", "warm_start.observation_weight"),
     ("model.arch=llama", "model.arch"),
     ("model.num_kv_heads=3", "model.num_kv_heads"),
     ("model.source=/nonexistent/dir", "model.source"),

@@ -64,3 +64,47 @@ def test_sft_action_nll_equals_full_logits_reference():
     ref = -sum(logp[b, l - 1, ids[b, l]] for b in range(2) for l in range(1, ids.shape[1]) if act[b, l])
     assert n == 5
     torch.testing.assert_close(nll, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_sft_token_nll_splits_actions_and_observations_like_a_full_logits_loop():
+    from interq.train.sft import pad_rows, token_nll
+
+    model, tok = build_tiny_policy(ModelConfig(vocab_size=400, hidden_size=32, intermediate_size=64, num_heads=2,
+                                               num_kv_heads=1), TEXTS)
+    rows = [([5, 6, 7, 8, 9, 10], [False, False, True, True, False, True]), ([11, 12, 13], [False, True, True])]
+    ids, att, act = pad_rows(rows, tok.pad_token_id)
+    a, na, o, no = token_nll(model, ids, att, act)
+    logp = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits.float(), -1)  # [B, L, V]
+    ref_a = ref_o = 0.0
+    for b, (row, mask) in enumerate(rows):
+        for l in range(1, len(row)):  # padding is never a target
+            if mask[l]:
+                ref_a = ref_a - logp[b, l - 1, row[l]]
+            else:
+                ref_o = ref_o - logp[b, l - 1, row[l]]
+    assert (na, no) == (5, 2)  # row 0: positions 4 (obs); row 1: none; the first token is never a target
+    torch.testing.assert_close(a, ref_a, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(o, ref_o, rtol=1e-5, atol=1e-5)
+    a0, na0, o0, no0 = token_nll(model, ids, att, act, observations=False)
+    torch.testing.assert_close(a0, a, rtol=1e-5, atol=1e-5)
+    assert na0 == na and float(o0) == 0.0
+
+
+def test_sft_observation_weight_trains_the_observation_tokens():
+    from interq.train.config import WarmStartConfig
+    from interq.train.sft import pad_rows, run_sft, token_nll
+
+    cfg = ModelConfig(vocab_size=400, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1)
+    results = {}
+    for weight in (0.0, 1.0):
+        model, tok = build_tiny_policy(cfg, TEXTS, seed=0)
+        obs = tok("On the countertop 1, you see a apple 1.", add_special_tokens=False)["input_ids"]
+        act = tok("take apple 1 from countertop 1", add_special_tokens=False)["input_ids"]
+        rows = [(obs + act, [False] * len(obs) + [True] * len(act))] * 4
+        summary = run_sft(model, rows, WarmStartConfig(steps=30, lr=1e-2, observation_weight=weight), tok.pad_token_id)
+        ids, att, mask = pad_rows(rows[:1], tok.pad_token_id)
+        with torch.no_grad():
+            _, _, o, n = token_nll(model, ids, att, mask)
+        results[weight] = float(o) / n
+        assert ("sft/final_observation_loss" in summary) == (weight > 0)
+    assert results[1.0] < 0.5 * results[0.0]  # only the weighted run learned the observation text

@@ -81,13 +81,17 @@ class EnvConfig:
 @dataclass(frozen=True)
 class WarmStartConfig:
     """Supervised fine-tuning on expert demonstrations. ``noise`` (share of random admissible actions in
-    the demos), ``num_demos`` and ``steps`` set how good the starting policy is (RL needs room)."""
+    the demos), ``num_demos`` and ``steps`` set how good the starting policy is (RL needs room).
+    ``observation_weight``: weight of the language-modelling loss on observation tokens next to the action
+    loss (0: classic action-only SFT, for a pretrained checkpoint; a tiny policy trained from scratch
+    needs it, see :mod:`interq.train.sft`)."""
 
     enabled: bool = True
     num_demos: int = 256
     noise: float = 0.2
     steps: int = 300
     lr: float = 3e-3
+    observation_weight: float = 0.0
     episodes_per_microbatch: int = 16
     seed: int = 0
 
@@ -366,6 +370,7 @@ def validate(cfg: RunConfig) -> None:
     _in_range("warm_start.noise", w.noise, 0.0, 1.0)
     _positive("warm_start.steps", w.steps, allow_zero=True)
     _positive("warm_start.lr", w.lr)
+    _positive("warm_start.observation_weight", w.observation_weight, allow_zero=True)
     _positive("warm_start.episodes_per_microbatch", w.episodes_per_microbatch)
 
     r = cfg.rollout
