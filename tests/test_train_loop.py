@@ -109,3 +109,31 @@ def test_resumed_run_matches_uninterrupted(policy_dir, tmp_path):
     assert _strip(resumed) == _strip(full)
     saved = json.loads((tmp_path / "b" / "checkpoints" / "step_000004" / "state.json").read_text())
     assert saved["step"] == 4
+
+
+@pytest.mark.parametrize("arm, extra", [
+    ("bf16", []),
+    ("q-interq", []),
+    ("q-interq", ["algo.layout=per_turn", "rollout.history_turns=1"]),
+    ("q-tis", ["algo.ppo_epochs=2", "algo.minibatches_per_step=2"]),
+])
+def test_update_raises_the_advantage_weighted_logprob(policy_dir, arm, extra):
+    """The direction of the whole update: after one RL step, sum_tokens A * log pi(action) must go up (a flipped
+    sign anywhere between the advantages and the optimizer step makes it go down)."""
+    from interq.train import rl
+
+    cfg, model, ex, batch = _setup(arm, policy_dir, extra)
+    sign = torch.tensor([1.0 if batch.row_episode[b] % 2 else -1.0 for b in range(batch.input_ids.shape[0])])  # [B]
+    batch.advantages = sign[:, None] * batch.action_mask  # +1 on odd episodes' actions, -1 on even ones'
+
+    def objective(m):
+        learner = rl.Learner(m, cfg, ex.qcfg)
+        with torch.no_grad():
+            mb = rl._rows(batch, list(range(batch.input_ids.shape[0])))
+            lp = learner.logprobs(mb, batch)  # [B, l]
+        return float((mb["advantages"] * lp.nan_to_num(0.0)).sum())
+
+    before = objective(copy.deepcopy(model))
+    m, _ = _update(cfg, model, ex, batch, ["optim.lr=1e-3"])
+    after = objective(m)
+    assert after > before + 1e-3, (before, after)
