@@ -67,6 +67,42 @@ def test_seq_mean_token_mean_by_hand():
     assert loss2.item() == pytest.approx(loss.item())
 
 
+def test_seq_mean_over_trajectories_matches_the_concatenated_layout():
+    """Per-turn rows with seq_ids (traj_id) give the loss and gradient of one concatenated row per trajectory."""
+    g = torch.Generator().manual_seed(1)
+    # trajectory 0: turns of 2, 3 and 1 action tokens; trajectory 1: one turn of 4 tokens
+    lengths, traj = [2, 3, 1, 4], torch.tensor([0, 0, 0, 1])
+    logits = [torch.randn(n, generator=g) * 0.3 - 1 for n in lengths]
+    prox = [x + torch.randn(len(x), generator=g) * 0.2 for x in logits]
+    adv = [torch.full((n,), a) for n, a in zip(lengths, (1.5, 1.5, 1.5, -0.5))]
+
+    def pad(parts, width):
+        out = torch.zeros(len(parts), width)
+        for i, x in enumerate(parts):
+            out[i, : len(x)] = x
+        return out
+
+    cur_t = pad(logits, 4).requires_grad_(True)
+    keep_t = pad([torch.ones(n) for n in lengths], 4).bool()
+    loss_t, _ = ppo_loss(cur_t, pad(prox, 4), pad(adv, 4), None, keep_t, aggregation="seq_mean_token_mean",
+                         seq_ids=traj)
+    cat = [torch.cat(logits[:3]), logits[3]]
+    cur_c = pad(cat, 6).requires_grad_(True)
+    keep_c = pad([torch.ones(6), torch.ones(4)], 6).bool()
+    loss_c, _ = ppo_loss(cur_c, pad([torch.cat(prox[:3]), prox[3]], 6), pad([torch.cat(adv[:3]), adv[3]], 6), None,
+                         keep_c, aggregation="seq_mean_token_mean")
+    torch.testing.assert_close(loss_t, loss_c)
+    loss_t.backward()
+    loss_c.backward()
+    torch.testing.assert_close(torch.cat([cur_t.grad[i, :n] for i, n in enumerate(lengths)]),
+                               torch.cat([cur_c.grad[0, :6], cur_c.grad[1, :4]]))
+    # without seq_ids every turn is its own sequence: the 1-token turn would weigh as much as the 3-token turn
+    loss_rows, _ = ppo_loss(cur_t, pad(prox, 4), pad(adv, 4), None, keep_t, aggregation="seq_mean_token_mean")
+    assert abs(loss_rows.item() - loss_c.item()) > 1e-3
+    with pytest.raises(ValueError, match="seq_ids"):
+        ppo_loss(cur_t, None, pad(adv, 4), None, keep_t, aggregation="seq_mean_token_mean", seq_ids=traj[:2])
+
+
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_gradient_accumulation_equals_full_batch(aggregation):
     g = torch.Generator().manual_seed(0)

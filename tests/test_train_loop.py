@@ -59,6 +59,7 @@ def _update(cfg, model, ex, batch, overrides=()):
     ("bf16", ["algo.correction=icepop"]),                   # keep-mask depends on proximal: pass runs
     ("q-interq", []),
     ("q-interq", ["algo.layout=per_turn", "rollout.history_turns=1", "algo.advantage=gigpo"]),
+    ("q-interq", ["algo.layout=per_turn", "rollout.history_turns=1", "algo.loss_agg=seq_mean_token_mean"]),
 ])
 def test_gradient_accumulation_2x2_equals_1x4(policy_dir, arm, extra):
     cfg, model, ex, batch = _setup(arm, policy_dir, extra)

@@ -8,8 +8,10 @@ Aggregations (``LossAggregation``):
 - ``token_mean``: sum over the kept action tokens / number of kept tokens.  Pass ``num_tokens`` = the
   kept-token count of the whole mini-batch when the mini-batch is split into micro-batches: the sum of
   the micro-batch losses (and gradients) then equals the full mini-batch loss.
-- ``seq_mean_token_mean``: the token mean inside each row (sequence), then the mean over rows that have
-  at least one kept token.  ``num_seqs`` plays the same role for gradient accumulation.
+- ``seq_mean_token_mean``: the token mean inside each sequence, then the mean over sequences that have
+  at least one kept token.  ``num_seqs`` plays the same role for gradient accumulation. A sequence is a row,
+  or, with ``seq_ids`` (the per-turn layout's ``traj_id``), all rows of one trajectory: then both layouts of
+  the same episodes give the same loss, and a long failed episode weighs as much as a short successful one.
 
 The weights and the keep-mask come from ``interq.algo.corrections.compute_correction``; weights are
 detached here as well.  Tokens outside the keep-mask never touch the arithmetic (NaN / inf there is
@@ -54,6 +56,7 @@ def ppo_loss(
     aggregation: str | LossAggregation = LossAggregation.TOKEN_MEAN,
     num_tokens: int | float | None = None,
     num_seqs: int | float | None = None,
+    seq_ids: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Decoupled PPO loss (§6).  Returns (scalar loss with grad through ``current_logprobs``, metrics).
 
@@ -96,10 +99,17 @@ def ppo_loss(
         denom = kf.sum() if num_tokens is None else torch.as_tensor(float(num_tokens))
         loss = loss_tok.sum() / denom.clamp(min=1.0)
     else:
-        per_row_n = kf.sum(1)  # [B]
-        row_mean = loss_tok.sum(1) / per_row_n.clamp(min=1.0)  # [B]
-        denom = (per_row_n > 0).to(loss_tok.dtype).sum() if num_seqs is None else torch.as_tensor(float(num_seqs))
-        loss = row_mean.sum() / denom.clamp(min=1.0)
+        row_sum, row_n = loss_tok.sum(1), kf.sum(1)  # [B], [B]
+        if seq_ids is not None:
+            if not isinstance(seq_ids, Tensor) or seq_ids.shape != (B,):
+                raise ValueError(f"seq_ids must be a tensor of shape [{B}] (one id per row), got {getattr(seq_ids, 'shape', seq_ids)}")
+            _, inv = torch.unique(seq_ids, return_inverse=True)  # [B] -> sequence index
+            n_seq = int(inv.max()) + 1 if B else 0
+            row_sum = torch.zeros(n_seq, dtype=row_sum.dtype, device=row_sum.device).index_add(0, inv, row_sum)  # [S]
+            row_n = torch.zeros(n_seq, dtype=row_n.dtype, device=row_n.device).index_add(0, inv, row_n)  # [S]
+        seq_mean = row_sum / row_n.clamp(min=1.0)  # [S]
+        denom = (row_n > 0).to(loss_tok.dtype).sum() if num_seqs is None else torch.as_tensor(float(num_seqs))
+        loss = seq_mean.sum() / denom.clamp(min=1.0)
 
     with torch.no_grad():
         n = kf.sum().clamp(min=1.0)

@@ -128,7 +128,7 @@ class AlgoConfig:
     normalize: bool = False
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
-    loss_agg: str = "token_mean"
+    loss_agg: str = "token_mean"        # token_mean | seq_mean_token_mean (a sequence = one trajectory, in both layouts)
     ppo_epochs: int = 1
     minibatches_per_step: int = 1
 

@@ -230,7 +230,8 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
             rows_mb = [r for r in all_rows if batch.row_episode[r] in ep_set]
             finite = batch.action_mask[rows_mb] & torch.isfinite(batch.behavior_logprobs[rows_mb])  # [b, L]
             kept = finite if skip else keep[rows_mb]  # [b, L] (skip: keep-mask = finite action tokens)
-            total_tokens, total_rows = int(kept.sum()), int(kept.any(-1).sum())
+            total_tokens = int(kept.sum())
+            total_seqs = len({batch.row_episode[r] for r, any_kept in zip(rows_mb, kept.any(-1).tolist()) if any_kept})
             learner.optimizer.zero_grad(set_to_none=True)
             for rows in micro_batches(batch, rows_mb, t.tokens_per_microbatch):
                 mb = _rows(batch, rows)
@@ -246,7 +247,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
                     w, k = weights[mb["idx"], : mb["width"]], keep[mb["idx"], : mb["width"]]
                 loss, m = ppo_loss(current, prox, mb["advantages"], w, k, eps_low=a.clip_eps_low,
                                    eps_high=a.clip_eps_high, aggregation=a.loss_agg, num_tokens=total_tokens,
-                                   num_seqs=total_rows)
+                                   num_seqs=total_seqs, seq_ids=mb["traj_id"])
                 loss.backward()
                 stats["loss/clip_frac"] += m["ppo/clip_frac"] * int(k.sum())
                 stats["loss/policy"] += float(loss.detach())
