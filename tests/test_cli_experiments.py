@@ -43,3 +43,26 @@ def test_compare_writes_table_curves_and_mismatch_plot(tmp_path, capsys):
     # a second invocation reuses the finished runs (resume) and gives the same table
     assert main(args) == 0
     assert (tmp_path / "compare.md").read_text().split("| arm |")[1].split("wall s")[0] == md.split("| arm |")[1].split("wall s")[0]
+
+
+def test_compare_runs_extra_methods_as_q_arms(tmp_path, capsys):
+    import yaml
+
+    args = ["compare", "--out", str(tmp_path), "--arms", "q-interq", "--methods", "icepop", "--seeds", "0", *TOY,
+            "train.steps=1"]
+    assert main(args) == 0
+    res = _result(capsys.readouterr().out)
+    assert set(res) >= {"q-interq", "q-icepop"}
+    cfg = yaml.safe_load((tmp_path / "q-icepop-s0" / "config.yaml").read_text())
+    assert cfg["algo"]["correction"] == "icepop" and cfg["algo"]["align"] is True
+    assert cfg["rollout"]["executor"] == "w8a8"
+
+
+def test_compare_rejects_an_unknown_arm_before_any_work(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "--out", str(tmp_path), "--methods", "magic", *TOY])
+    assert e.value.code == 2
+    assert "q-magic" in capsys.readouterr().err
+    assert not (tmp_path / "warm_start").exists()

@@ -61,13 +61,29 @@ def _load(preset: str, overrides: list[str]):
         raise SystemExit(2) from None
 
 
+def arm_config(arm: str, overrides: list[str]):
+    """An arm's config: a preset name (the five arms of spec §4, or a YAML path), or ``q-<method>`` for any other
+    correction method of spec §4, which is q-interq's setting (W8A8-KV8 executor, aligned learner) with that
+    method: ``q-icepop``, ``q-prefix_is``, ``q-interq_uniform``, ..."""
+    from interq.train.config import CORRECTIONS, preset_names
+
+    if arm in preset_names() or arm.endswith((".yaml", ".yml")):
+        return _load(arm, overrides)
+    method = arm[2:] if arm.startswith("q-") else ""
+    if method not in CORRECTIONS:
+        print(f"interq: arm {arm!r} is not accepted; choose a preset {preset_names()} or q-<method> with method "
+              f"one of {list(CORRECTIONS)}", file=sys.stderr)
+        raise SystemExit(2)
+    return _load("q-interq", [f"algo.correction={method}", f"name={arm}", *overrides])
+
+
 def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path, log=print) -> dict:
     """Shared warm start, then one RL run per (arm, seed). Returns {arm: [records per seed]} and timings."""
     from interq.train.pipeline import prepare_policy, run_training
 
     base = _load("household", overrides)
     for arm in arms:  # validate every arm before any work
-        _load(arm, overrides)
+        arm_config(arm, overrides)
     t0 = time.perf_counter()
     policy_dir, summary = prepare_policy(base, out / "warm_start", log=log)
     warm_s = time.perf_counter() - t0
@@ -76,7 +92,7 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
     walls: dict[str, list[float]] = {}
     for arm in arms:
         for seed in seeds:
-            cfg = _load(arm, [*overrides, f"train.seed={seed}", f"name={arm}-s{seed}"])
+            cfg = arm_config(arm, [*overrides, f"train.seed={seed}", f"name={arm}-s{seed}"])
             ts = time.perf_counter()
             recs = run_training(cfg, out / f"{arm}-s{seed}", policy_dir, log=log)
             walls.setdefault(arm, []).append(time.perf_counter() - ts)
@@ -248,11 +264,14 @@ def compare_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="interq compare", description="the five arms (or --arms) over several seeds")
     _common_args(p, "runs/compare")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated presets (default: {','.join(ARMS)})")
+    p.add_argument("--methods", default="", help="extra arms: comma-separated correction methods, each run as "
+                   "q-interq's setting with that method (arm q-<method>), e.g. icepop,prefix_is,interq_uniform")
     p.add_argument("--seeds", default="0,1", help="comma-separated RL seeds (default: 0,1)")
     p.add_argument("--no-demo-defaults", action="store_true", help="do not apply the demo's small settings first")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    arms += [f"q-{m.strip()}" for m in args.methods.split(",") if m.strip() and f"q-{m.strip()}" not in arms]
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
