@@ -71,8 +71,8 @@ def arm_config(arm: str, overrides: list[str]):
         return _load(arm, overrides)
     method = arm[2:] if arm.startswith("q-") else ""
     if method not in CORRECTIONS:
-        print(f"interq: arm {arm!r} is not accepted; choose a preset {preset_names()} or q-<method> with method "
-              f"one of {list(CORRECTIONS)}", file=sys.stderr)
+        print(f"interq: invalid configuration: arm {arm!r} is not accepted (unknown preset {arm!r}); choose a preset "
+              f"{preset_names()} or q-<method> with method one of {list(CORRECTIONS)}", file=sys.stderr)
         raise SystemExit(2)
     return _load("q-interq", [f"algo.correction={method}", f"name={arm}", *overrides])
 
