@@ -54,10 +54,14 @@ def _update(cfg, model, ex, batch, overrides=()):
     return m, rec
 
 
+CONCAT = ["algo.layout=concatenated", "algo.loss_agg=token_mean", "algo.grpo_std=true"]  # the presets use per_turn
+
+
 @pytest.mark.parametrize("arm, extra", [
-    ("bf16", []),                                           # proximal pass skipped
-    ("bf16", ["algo.correction=icepop"]),                   # keep-mask depends on proximal: pass runs
-    ("q-interq", []),
+    ("bf16", CONCAT),                                       # proximal pass skipped
+    ("bf16", [*CONCAT, "algo.correction=icepop"]),          # keep-mask depends on proximal: pass runs
+    ("q-interq", CONCAT),
+    ("q-interq", ["algo.loss_agg=seq_mean_token_mean"]),    # the preset: per_turn rows, trajectory = sequence
     ("q-interq", ["algo.layout=per_turn", "rollout.history_turns=1", "algo.advantage=gigpo"]),
     ("q-interq", ["algo.layout=per_turn", "rollout.history_turns=1", "algo.loss_agg=seq_mean_token_mean"]),
 ])
@@ -113,8 +117,8 @@ def test_resumed_run_matches_uninterrupted(policy_dir, tmp_path):
 
 
 @pytest.mark.parametrize("arm, extra", [
-    ("bf16", []),
-    ("q-interq", []),
+    ("bf16", CONCAT),
+    ("q-interq", CONCAT),
     ("q-interq", ["algo.layout=per_turn", "rollout.history_turns=1"]),
     ("q-tis", ["algo.ppo_epochs=2", "algo.minibatches_per_step=2"]),
 ])

@@ -20,28 +20,15 @@ from interq.train.config import ARMS, ConfigError, build_config
 
 # Settings of the demo: small enough for <= 15 minutes on a shared 2-core CPU (measured in docs/results.md).
 DEMO_OVERRIDES = [
+    # on top of the household preset (which holds the measured learning settings: docs/results.md)
     "env.task_types=pick_and_place",
     # small rooms; 600 valid_unseen tasks of which 100 are pick_and_place: a held-out set of 100 task instances
     "env.env_kwargs={size: small, split_sizes: {valid_unseen: 600}}",
     "env.max_turns=12",
     "env.show_admissible=true",
-    "env.action_format=index",
     "env.num_train_tasks=0",
     "env.num_eval_tasks=100",
-    "algo.layout=per_turn",  # one row per decision: the task, the previous turn and the current observation
-    "rollout.history_turns=1",
     "rollout.max_action_tokens=4",
-    "warm_start.num_demos=1024",
-    "warm_start.steps=600",
-    "warm_start.episodes_per_microbatch=64",  # rows (decisions) per SFT step in the per_turn layout
-    "warm_start.lr=5e-3",
-    "warm_start.noise=0.1",
-    "warm_start.observation_weight=1.0",  # the tiny policy also learns the environment's text (interq.train.sft)
-    # RL: every episode weighs the same whatever its length, and no std normalisation (a group that failed
-    # everywhere would otherwise turn its invalid-action penalties into full-size advantages); small lr
-    "algo.loss_agg=seq_mean_token_mean",
-    "algo.grpo_std=false",
-    "optim.lr=1e-4",
     "train.steps=20",
     "train.tasks_per_step=8",
     "train.episodes_per_task=4",
