@@ -24,14 +24,11 @@ DEMO_OVERRIDES = [
     "env.task_types=pick_and_place",
     # small rooms; 600 valid_unseen tasks of which 100 are pick_and_place: a held-out set of 100 task instances
     "env.env_kwargs={size: small, split_sizes: {valid_unseen: 600}}",
-    "env.max_turns=12",
-    "env.show_admissible=true",
     "env.num_train_tasks=0",
     "env.num_eval_tasks=100",
     "rollout.max_action_tokens=4",
     "train.steps=20",
     "train.tasks_per_step=8",
-    "train.episodes_per_task=4",
     "train.eval_every_steps=10",
     "train.eval_episodes_per_task=1",
     "train.eval_temperature=0.5",
@@ -65,7 +62,7 @@ def arm_config(arm: str, overrides: list[str]):
 
 
 def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path, log=print) -> dict:
-    """Shared warm start, then one RL run per (arm, seed). Returns {arm: [records per seed]} and timings."""
+    """Shared warm start, then one RL run per (arm, seed). Returns {arm: [records per seed]} and the warm start."""
     from interq.train.pipeline import prepare_policy, run_training
 
     base = _load("household", overrides)
@@ -76,18 +73,16 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
     warm_s = time.perf_counter() - t0
     log(f"[warm start] {summary['policy']} ({warm_s:.0f}s)")
     runs: dict[str, list[list[dict]]] = {}
-    walls: dict[str, list[float]] = {}
     for arm in arms:
         for seed in seeds:
             cfg = arm_config(arm, [*overrides, f"train.seed={seed}", f"name={arm}-s{seed}"])
             ts = time.perf_counter()
             recs = run_training(cfg, out / f"{arm}-s{seed}", policy_dir, log=log)
-            walls.setdefault(arm, []).append(time.perf_counter() - ts)
             runs.setdefault(arm, []).append(recs)
             ev = [r for r in recs if "eval/success" in r]
             log(f"[{arm} seed {seed}] held-out success {ev[0]['eval/success']:.3f} -> {ev[-1]['eval/success']:.3f} "
-                f"({walls[arm][-1]:.0f}s)")
-    return {"runs": runs, "walls": walls, "warm_start_s": warm_s, "policy": summary}
+                f"({time.perf_counter() - ts:.0f}s)")
+    return {"runs": runs, "warm_start_s": warm_s, "policy": summary}
 
 
 def _evals(recs: list[dict]) -> list[tuple[int, float]]:
@@ -112,7 +107,7 @@ def _fwd_per_step(recs: list[dict]) -> float:
     return _mean([r["learner/forward_passes"] for r in recs if "learner/forward_passes" in r])
 
 
-def summarize(runs: dict, walls: dict, threshold: float) -> dict:
+def summarize(runs: dict, threshold: float) -> dict:
     out = {}
     for arm, seed_runs in runs.items():
         finals = [_evals(r)[-1][1] for r in seed_runs]
@@ -227,7 +222,7 @@ def demo_main(argv: list[str]) -> int:
     overrides = [*DEMO_OVERRIDES, *args.overrides]
     arms = ["bf16", "q-interq"]
     res = run_arms(arms, [args.seed], overrides, out)
-    summary = summarize(res["runs"], res["walls"], args.threshold)
+    summary = summarize(res["runs"], args.threshold)
     table = markdown_table(summary, args.threshold)
     (out / "demo.md").write_text(table)
     plot_curves(res["runs"], out / "demo.png", "demo")
@@ -268,7 +263,7 @@ def compare_main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     overrides = ([] if args.no_demo_defaults else DEMO_OVERRIDES) + list(args.overrides)
     res = run_arms(arms, seeds, overrides, out)
-    summary = summarize(res["runs"], res["walls"], args.threshold)
+    summary = summarize(res["runs"], args.threshold)
     table = markdown_table(summary, args.threshold)
     budget = _load("q-interq", overrides).algo.budget
     plot_curves(res["runs"], out / "curves.png", "compare")
