@@ -92,12 +92,19 @@ def _cmd_compare(argv: list[str]) -> int:
     return compare_main(argv)
 
 
+def _cmd_mismatch(argv: list[str]) -> int:
+    from interq.train.mismatch import main as mismatch_main
+
+    return mismatch_main(argv)
+
+
 COMMANDS = {
     "selfcheck": (_cmd_selfcheck, "exercise the correction math on a synthetic batch and print its metrics"),
     "train": (_cmd_train, "warm start + RL for one arm/preset (checkpoints, resume, metrics.jsonl)"),
     "sft": (_cmd_sft, "warm start only: tiny policy + SFT on expert demos -> a policy directory"),
     "demo": (_cmd_demo, "warm start + short RL runs of bf16 and q-interq on household; table, plot, RESULT line"),
     "compare": (_cmd_compare, "the five arms over several seeds; markdown table, learning curves, mismatch plot"),
+    "mismatch": (_cmd_mismatch, "play episodes with the executor, recompute the learner's log-probs; per-turn mismatch table, plot, RESULT line"),
 }
 
 

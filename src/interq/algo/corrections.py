@@ -6,6 +6,9 @@ Public, stable entry points:
   turn_idx=None, config=CorrectionConfig()) -> Correction``
 - ``interq_prefix_logweights(proximal_logprobs, behavior_logprobs, action_mask, budget, *, traj_id=None,
   turn_idx=None, uniform_support=False) -> Tensor``  (Lambda of §3 per token, 0 off action tokens)
+- ``interq_turn_profile(proximal_logprobs, behavior_logprobs, action_mask, budget, *, traj_id=None,
+  turn_idx=None, uniform_support=False) -> dict[str, float]``  (the diagnostic per-turn curves of
+  ``interq mismatch``: signed delta, budget binding, effective support and counts per turn number)
 
 Inputs
 ------
@@ -441,3 +444,52 @@ def interq_prefix_logweights(
     bt = _prepare(p, b, mask, tid, tix)
     parts = _interq_turns(bt, float(budget), uniform_support)
     return bt.st.unit_to_tokens(parts.Lambda).to(torch.float32)  # [B, L]
+
+
+@torch.no_grad()
+def interq_turn_profile(
+    proximal_logprobs: Tensor,
+    behavior_logprobs: Tensor,
+    action_mask: Tensor,
+    budget: float,
+    *,
+    traj_id: Tensor | None = None,
+    turn_idx: Tensor | None = None,
+    uniform_support: bool = False,
+) -> dict[str, float]:
+    """Per-turn curves of the §3 quantities next to the §7 ones (``interq mismatch``), flat keys
+    ``turn/<curve>/<t>`` for the curves ``interq.algo.metrics.PROFILE_CURVES``:
+
+    - ``signed_delta_mean``: token mean of delta (clamped, as in D[t]) over the turns number t;
+    - ``budget_bound_frac``: share of the turns number t whose kappa < 1 (the budget binds);
+    - ``support_mean``: mean effective support s over the turns number t that have a finite token;
+    - ``turns``, ``action_tokens``: how many turns number t, and their finite action tokens.
+
+    Same preparation and §3 arithmetic as ``compute_correction`` (``interq``, or ``interq_uniform`` with
+    ``uniform_support``), so these curves agree with its ``interq/*`` and ``turn/*`` metrics by construction:
+    e.g. the turn-count-weighted mean of ``budget_bound_frac`` is ``interq/budget_bound_frac``.
+    """
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or math.isnan(budget) or budget < 0:
+        raise ValueError(f"budget must be a number >= 0 (nats, inf allowed), got {budget!r}")
+    p, b, mask, tid, tix = _validate(proximal_logprobs, behavior_logprobs, action_mask, traj_id, turn_idx)
+    bt = _prepare(p, b, mask, tid, tix)
+    st = bt.st
+    if st.num_units == 0:
+        return {}
+    parts = _interq_turns(bt, float(budget), uniform_support)
+    n = st.seg_to_unit_mean(bt.seg_n)  # [U] finite action tokens of each turn
+    nonempty = (n > 0).to(torch.float64)  # [U]
+    ones = torch.ones_like(n)  # [U]
+    out = M.turn_curve_metrics(st.unit_rank, {
+        "signed_delta_mean": (st.seg_to_unit_mean(bt.seg_D), n),
+        "budget_bound_frac": ((parts.kappa < 1).to(torch.float64), ones),
+        "support_mean": (parts.support * nonempty, nonempty),
+    })
+    t_max = int(st.unit_rank.max())
+    idx = st.unit_rank - 1  # [U]
+    counts = torch.zeros(t_max, dtype=torch.float64, device=n.device).index_add_(0, idx, ones)  # [T]
+    tokens = torch.zeros(t_max, dtype=torch.float64, device=n.device).index_add_(0, idx, n)  # [T]
+    for t, (c, k) in enumerate(zip(counts.tolist(), tokens.tolist()), start=1):
+        out[M.turn_key("turns", t)] = c
+        out[M.turn_key("action_tokens", t)] = k
+    return out

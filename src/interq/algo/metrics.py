@@ -18,6 +18,11 @@ Names are stable (loggers and plots key on them):
   ``turn/abs_prefix_logratio/<t>`` (mean over turns number t of |sum_{k<t} D[k]|),
   ``turn/abs_Lambda/<t>`` (mean |Lambda[t]|; only for methods with a prefix weight).
   ``turn_curve(metrics, "abs_Lambda")`` reads a curve back as a list indexed by t - 1.
+- Diagnostic per-turn curves (``interq mismatch``; not logged by the trainer), same key format, from
+  ``interq.algo.corrections.interq_turn_profile``: ``turn/signed_delta_mean/<t>`` (token mean of delta),
+  ``turn/budget_bound_frac/<t>`` (share of turns number t with kappa < 1), ``turn/support_mean/<t>`` (mean
+  effective support s over turns number t with a finite token), ``turn/turns/<t>`` (how many turns number t)
+  and ``turn/action_tokens/<t>`` (their finite action tokens).
 
 Empty selections (no action token, no kept token) give 0.0, never NaN.  A "turn" is one distinct
 (trajectory, turn) pair: duplicated per-turn rows count once in the turn-level metrics.
@@ -31,12 +36,13 @@ import torch
 from torch import Tensor
 
 TURN_CURVES = ("abs_delta_mean", "abs_prefix_logratio", "abs_Lambda")
+PROFILE_CURVES = ("signed_delta_mean", "budget_bound_frac", "support_mean", "turns", "action_tokens")
 
 
 def turn_key(curve: str, t: int) -> str:
     """Flat metric key of turn ``t`` (1-based) of an accumulation curve: ``turn/<curve>/<t>``."""
-    if curve not in TURN_CURVES:
-        raise ValueError(f"curve={curve!r} is not a turn curve; accepted: {', '.join(TURN_CURVES)}")
+    if curve not in TURN_CURVES + PROFILE_CURVES:
+        raise ValueError(f"curve={curve!r} is not a turn curve; accepted: {', '.join(TURN_CURVES + PROFILE_CURVES)}")
     if t < 1:
         raise ValueError(f"t={t} must be >= 1 (turns are numbered from 1)")
     return f"turn/{curve}/{t}"

@@ -168,19 +168,38 @@ class Learner:
 
     def logprobs(self, mb: dict, batch: "Batch") -> torch.Tensor:
         """Learner log-probs of the rows under the executor's sampling transform. [b, l]"""
-        from contextlib import nullcontext
+        return learner_logprobs(self.model, mb, batch, self.cfg.algo.align, self.qcfg)
 
-        from interq.rollout import sequence_logprobs
 
-        if self.cfg.algo.align:
-            from interq.quant import aligned
+def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool, qcfg=None) -> torch.Tensor:
+    """Log-probs of a micro-batch's rows (``_rows``) under the executor's sampling transform; the aligned
+    (quantized-like) forward when ``align``. [b, l]"""
+    from contextlib import nullcontext
 
-            ctx = aligned(self.model, self.qcfg)
-        else:
-            ctx = nullcontext()
-        with ctx:
-            return sequence_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=batch.temperature,
-                                     top_p=batch.top_p)
+    from interq.rollout import sequence_logprobs
+
+    if align:
+        from interq.quant import aligned
+
+        ctx = aligned(model, qcfg)
+    else:
+        ctx = nullcontext()
+    with ctx:
+        return sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature=batch.temperature,
+                                 top_p=batch.top_p)
+
+
+def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatch: int, align: bool,
+                      qcfg=None) -> torch.Tensor:
+    """Step 4, the proximal pass: the learner's no-grad forward over the whole batch, micro-batch by
+    micro-batch (also ``interq mismatch``'s learner pass). [B, L], 0 off the rows' tokens."""
+    proximal = torch.zeros_like(batch.behavior_logprobs)  # [B, L]
+    model.eval()
+    with torch.no_grad():
+        for rows in micro_batches(batch, list(range(batch.input_ids.shape[0])), tokens_per_microbatch):
+            mb = _rows(batch, rows)
+            proximal[mb["idx"], : mb["width"]] = learner_logprobs(model, mb, batch, align, qcfg)
+    return proximal
 
 
 def correction_config(a: AlgoConfig):
@@ -209,11 +228,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     skip = skips_proximal_pass(a)
     weights = keep = None
     if not skip:
-        model.eval()
-        with torch.no_grad():
-            for rows in micro_batches(batch, all_rows, t.tokens_per_microbatch):
-                mb = _rows(batch, rows)
-                proximal[mb["idx"], : mb["width"]] = learner.logprobs(mb, batch)
+        proximal = proximal_logprobs(model, batch, t.tokens_per_microbatch, a.align, learner.qcfg)  # [B, L]
         corr = compute_correction(a.correction, proximal, batch.behavior_logprobs, batch.action_mask,
                                   traj_id=batch.traj_id, turn_idx=batch.turn_idx, config=ccfg)
         weights, keep = corr.weights, corr.keep_mask  # [B, L]
