@@ -1,0 +1,58 @@
+"""Statistics of the comparison study: intervals for success rates and paired differences between arms.
+
+Pure functions on plain Python lists (no torch, no config). Every arm is evaluated on the same held-out task
+instances with the same sampling seeds (``interq.train.rl.evaluate``), so two arms' outcomes can be compared
+episode by episode: the paired difference removes the task-difficulty variance that an unpaired comparison of
+two success rates carries.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (``successes`` out of ``n``); (nan, nan) when n = 0.
+
+    Used for the pooled final success of an arm over seeds x held-out episodes: it treats those episodes as
+    independent Bernoulli draws, which ignores the between-seed variance (reported beside it as ``final_std``).
+    """
+    if n <= 0:
+        return (math.nan, math.nan)
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes={successes} must be in [0, n={n}]")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_difference(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], *, resamples: int = 2000,
+                      seed: int = 0) -> dict:
+    """Mean of ``a - b`` over seeds x episodes and a 95% bootstrap interval that resamples held-out tasks.
+
+    ``a[s][i]``, ``b[s][i]``: outcome (0/1) of held-out episode ``i`` in seed ``s`` of each arm; episode ``i`` is
+    the same task instance and sampling seed in both arms and in every seed. The bootstrap draws episode indices
+    with replacement (the task is the unit both arms share) and keeps every seed of a drawn index together.
+    Returns ``{"diff", "ci95": [lo, hi], "n_seeds", "n_episodes"}``.
+    """
+    if len(a) != len(b) or not a:
+        raise ValueError(f"a and b need the same, non-zero number of seeds; got {len(a)} and {len(b)}")
+    n = len(a[0])
+    if n == 0 or any(len(x) != n for x in (*a, *b)):
+        raise ValueError("every seed of both arms needs the same, non-zero number of episodes")
+    # per-episode difference averaged over seeds: d[i] = mean_s (a[s][i] - b[s][i])
+    d = [sum(a[s][i] - b[s][i] for s in range(len(a))) / len(a) for i in range(n)]
+    rng = random.Random(seed)
+    means = sorted(sum(d[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    lo = means[int(0.025 * (resamples - 1))]
+    hi = means[int(math.ceil(0.975 * (resamples - 1)))]
+    return {"diff": sum(d) / n, "ci95": [lo, hi], "n_seeds": len(a), "n_episodes": n}
+
+
+__all__ = ["Z95", "paired_difference", "wilson_interval"]

@@ -1,0 +1,44 @@
+"""The study's statistics against closed forms and a brute-force reference."""
+
+import math
+import random
+
+import pytest
+
+from interq.train.stats import paired_difference, wilson_interval
+
+
+def test_wilson_matches_the_closed_form():
+    # 20 of 100 at z = 1.96: the textbook value (0.1334, 0.2888)
+    lo, hi = wilson_interval(20, 100)
+    assert lo == pytest.approx(0.13337, abs=2e-5) and hi == pytest.approx(0.28883, abs=2e-5)
+    # the interval contains p, stays in [0, 1], and narrows with n
+    for k, n in [(0, 10), (10, 10), (3, 7), (300, 600)]:
+        lo, hi = wilson_interval(k, n)
+        assert 0.0 <= lo <= k / n <= hi <= 1.0
+    assert wilson_interval(60, 300)[1] - wilson_interval(60, 300)[0] < wilson_interval(20, 100)[1] - wilson_interval(20, 100)[0]
+    assert all(math.isnan(x) for x in wilson_interval(0, 0))
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(11, 10)
+
+
+def test_paired_difference_sign_and_interval():
+    rng = random.Random(1)
+    base = [[int(rng.random() < 0.3) for _ in range(200)] for _ in range(3)]
+    better = [[max(x, int(rng.random() < 0.3)) for x in row] for row in base]  # never worse, often better
+    res = paired_difference(better, base, resamples=500)
+    naive = sum(x - y for ra, rb in zip(better, base) for x, y in zip(ra, rb)) / 600
+    assert res["diff"] == pytest.approx(naive, abs=1e-12)
+    assert res["diff"] > 0 and 0 < res["ci95"][0] <= res["diff"] <= res["ci95"][1]
+    flipped = paired_difference(base, better, resamples=500)
+    assert flipped["diff"] == pytest.approx(-res["diff"])
+    same = paired_difference(base, base, resamples=200)
+    assert same["diff"] == 0 and same["ci95"] == [0, 0]
+    assert res["n_seeds"] == 3 and res["n_episodes"] == 200
+
+
+def test_paired_difference_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="seeds"):
+        paired_difference([[1, 0]], [[1, 0], [0, 1]])
+    with pytest.raises(ValueError, match="episodes"):
+        paired_difference([[1, 0]], [[1]])
