@@ -18,6 +18,10 @@ def _cmd_selfcheck(argv: list[str]) -> int:
     return selfcheck_main(argv)
 
 
+_FRESH_HELP = ("move a warm start or run in --out that was made from other inputs aside to <dir>.stale-<time> and "
+               "start it again (default: stop and name every differing field)")
+
+
 def _config_parser(prog: str, help_: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"interq {prog}", description=help_)
     p.add_argument("--preset", default="bf16", help="preset name or YAML path (default: bf16)")
@@ -48,7 +52,9 @@ def _load(args) -> "object":
 def _cmd_train(argv: list[str]) -> int:
     p = _config_parser("train", "warm start (unless --policy) then RL; resumes from the run directory's last checkpoint")
     p.add_argument("--policy", default=None, help="start from this policy directory (skips the warm start)")
-    p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints in the run directory")
+    p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints in the run directory and start "
+                   "it again from step 0 (its stored config must match; else see --fresh)")
+    p.add_argument("--fresh", action="store_true", help=_FRESH_HELP)
     args = p.parse_args(argv)
     if args.help_config:
         return _help_config()
@@ -56,7 +62,7 @@ def _cmd_train(argv: list[str]) -> int:
     from interq.train.pipeline import run_training
 
     out = args.out or f"runs/{cfg.name}"
-    recs = run_training(cfg, out, args.policy, resume=not args.no_resume)
+    recs = run_training(cfg, out, args.policy, resume=not args.no_resume, fresh=args.fresh)
     evals = [r for r in recs if "eval/success" in r]
     if evals:
         print(f"held-out success: step {evals[0]['step']} {evals[0]['eval/success']:.3f} -> "
@@ -66,6 +72,7 @@ def _cmd_train(argv: list[str]) -> int:
 
 def _cmd_sft(argv: list[str]) -> int:
     p = _config_parser("sft", "build the policy and warm-start it on expert demonstrations; writes a policy directory")
+    p.add_argument("--fresh", action="store_true", help=_FRESH_HELP)
     args = p.parse_args(argv)
     if args.help_config:
         return _help_config()
@@ -75,7 +82,7 @@ def _cmd_sft(argv: list[str]) -> int:
     from interq.train.pipeline import prepare_policy
 
     out = args.out or f"runs/{cfg.name}/warm_start"
-    path, summary = prepare_policy(cfg, out)
+    path, summary = prepare_policy(cfg, out, fresh=args.fresh)
     print(json.dumps({"policy_dir": str(path), **summary}, default=str))
     return 0
 
@@ -117,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         parser.error(f"unknown command {argv[0]!r}; accepted: {', '.join(sorted(COMMANDS))}")
-    return COMMANDS[argv[0]][0](argv[1:])
+    from interq.train.provenance import StaleResultError
+
+    try:
+        return COMMANDS[argv[0]][0](argv[1:])
+    except StaleResultError as e:  # an existing result of other inputs: nothing was run (see --fresh)
+        print(f"interq: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

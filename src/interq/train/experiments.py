@@ -2,8 +2,13 @@
 
 Both write everything under ``--out`` (one run directory per arm and seed, each with ``config.yaml``,
 ``metrics.jsonl`` and checkpoints), a markdown table, PNG plots, a ``summary.json``, and end with one line
-``RESULT {json}``. Re-running the same command resumes: finished runs are reused, a killed run continues from
-its last checkpoint.
+``RESULT {json}``. Re-running the same command resumes: the warm start and finished runs are reused, a killed
+run continues from its last checkpoint, and a larger ``train.steps`` extends the runs. Reuse needs the same inputs:
+the warm start its own config fields, each run its whole resolved config (``train.progress`` and
+``train.tensorboard`` aside), both the same ``NUMERICS_VERSION`` (:mod:`interq.train.provenance`). Every directory
+is checked before any work; if one differs the command stops with one line naming each directory and field
+(``algo.budget: 0.5 -> 0.25``). ``--fresh`` moves those directories aside to ``<dir>.stale-<time>`` (deleting
+nothing) and runs them again; the matching ones are still reused.
 """
 
 from __future__ import annotations
@@ -61,27 +66,36 @@ def arm_config(arm: str, overrides: list[str]):
     return _load("q-interq", [f"algo.correction={method}", f"name={arm}", *overrides])
 
 
-def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path, log=print) -> dict:
-    """Shared warm start, then one RL run per (arm, seed). Returns {arm: [records per seed]} and the warm start."""
+def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path, log=print, fresh: bool = False) -> dict:
+    """Shared warm start, then one RL run per (arm, seed). Returns {arm: [records per seed]} and the warm start.
+
+    Before any work, every arm's config is validated and the warm start and every run directory are checked
+    (:mod:`interq.train.provenance`): one :class:`~interq.train.provenance.StaleResultError` names all that differ,
+    or with ``fresh`` each of them is moved aside and started again."""
     from interq.train.pipeline import prepare_policy, run_training
+    from interq.train.provenance import run_differences, settle, warm_start_differences, warm_start_identity
 
     base = _load("household", overrides)
     for arm in arms:  # validate every arm before any work
         arm_config(arm, overrides)
+    cfgs = {(arm, seed): arm_config(arm, [*overrides, f"train.seed={seed}", f"name={arm}-s{seed}"])
+            for arm in arms for seed in seeds}
+    start_policy = warm_start_identity(base)
+    settle([(out / "warm_start", warm_start_differences(base, out / "warm_start")),
+            *((out / f"{arm}-s{seed}", run_differences(cfg, out / f"{arm}-s{seed}", start_policy))
+              for (arm, seed), cfg in cfgs.items())], fresh, log)
     t0 = time.perf_counter()
     policy_dir, summary = prepare_policy(base, out / "warm_start", log=log)
     warm_s = time.perf_counter() - t0
     log(f"[warm start] {summary['policy']} ({warm_s:.0f}s)")
     runs: dict[str, list[list[dict]]] = {}
-    for arm in arms:
-        for seed in seeds:
-            cfg = arm_config(arm, [*overrides, f"train.seed={seed}", f"name={arm}-s{seed}"])
-            ts = time.perf_counter()
-            recs = run_training(cfg, out / f"{arm}-s{seed}", policy_dir, log=log)
-            runs.setdefault(arm, []).append(recs)
-            ev = [r for r in recs if "eval/success" in r]
-            log(f"[{arm} seed {seed}] held-out success {ev[0]['eval/success']:.3f} -> {ev[-1]['eval/success']:.3f} "
-                f"({time.perf_counter() - ts:.0f}s)")
+    for (arm, seed), cfg in cfgs.items():
+        ts = time.perf_counter()
+        recs = run_training(cfg, out / f"{arm}-s{seed}", policy_dir, log=log)
+        runs.setdefault(arm, []).append(recs)
+        ev = [r for r in recs if "eval/success" in r]
+        log(f"[{arm} seed {seed}] held-out success {ev[0]['eval/success']:.3f} -> {ev[-1]['eval/success']:.3f} "
+            f"({time.perf_counter() - ts:.0f}s)")
     return {"runs": runs, "warm_start_s": warm_s, "policy": summary}
 
 
@@ -207,6 +221,8 @@ def plot_mismatch(runs: dict, path: Path, budget: float) -> dict:
 def _common_args(p: argparse.ArgumentParser, out: str) -> None:
     p.add_argument("--out", default=out, help=f"output directory (default: {out})")
     p.add_argument("--threshold", type=float, default=0.5, help="held-out success threshold for 'steps to threshold'")
+    p.add_argument("--fresh", action="store_true", help="move a warm start or run directory under --out that was made "
+                   "from other inputs aside to <dir>.stale-<time> and run it again (default: stop and name them)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides applied to every arm (after the built-in ones)")
 
 
@@ -221,7 +237,7 @@ def demo_main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     overrides = [*DEMO_OVERRIDES, *args.overrides]
     arms = ["bf16", "q-interq"]
-    res = run_arms(arms, [args.seed], overrides, out)
+    res = run_arms(arms, [args.seed], overrides, out, fresh=args.fresh)
     summary = summarize(res["runs"], args.threshold)
     table = markdown_table(summary, args.threshold)
     (out / "demo.md").write_text(table)
@@ -262,7 +278,7 @@ def compare_main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = ([] if args.no_demo_defaults else DEMO_OVERRIDES) + list(args.overrides)
-    res = run_arms(arms, seeds, overrides, out)
+    res = run_arms(arms, seeds, overrides, out, fresh=args.fresh)
     summary = summarize(res["runs"], args.threshold)
     table = markdown_table(summary, args.threshold)
     budget = _load("q-interq", overrides).algo.budget

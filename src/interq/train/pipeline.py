@@ -21,26 +21,30 @@ def _quiet_transformers() -> None:
         pass
 
 
-def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, log=print) -> tuple[Path, dict]:
+def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, log=print) -> tuple[Path, dict]:
     """Build (tiny) or load the policy, warm-start it on expert demos, save it to ``out_dir`` (atomically).
 
-    Returns the policy directory and a summary. An existing complete ``out_dir`` is reused.
+    Returns the policy directory and a summary. An existing warm start in ``out_dir`` is reused only when it was
+    made from the same inputs by the same numerics (:mod:`interq.train.provenance`); otherwise
+    :class:`~interq.train.provenance.StaleResultError` before any work, or with ``fresh`` it is moved aside and
+    made again.
     """
     import os
-    import shutil
     import tempfile
 
     from interq.agent.loop import make_render
     from interq.train.build import chat_format, collect_demos, demo_rows, demo_texts, env_factory, split_tasks
     from interq.train.policy import build_tiny_policy, describe_policy, load_policy, save_policy
+    from interq.train.provenance import settle, warm_start_differences, write_warm_start_provenance
     from interq.train.sft import run_sft
 
+    out_dir = Path(out_dir)
+    settle([(out_dir, warm_start_differences(cfg, out_dir))], fresh, log)
+    if (out_dir / "policy_summary.json").is_file():
+        return out_dir, json.loads((out_dir / "policy_summary.json").read_text())
     _quiet_transformers()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    out_dir = Path(out_dir)
-    if (out_dir / "policy_summary.json").is_file():
-        return out_dir, json.loads((out_dir / "policy_summary.json").read_text())
     t0 = time.perf_counter()
     make_env = env_factory(cfg.env)
     train_tasks, _ = split_tasks(make_env, cfg.env)
@@ -75,22 +79,40 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, log=print) -> tuple[P
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     save_policy(model, tokenizer, tmp)
     save_config(cfg, tmp / "run_config.yaml")
+    write_warm_start_provenance(cfg, tmp)
     (tmp / "policy_summary.json").write_text(json.dumps(summary, indent=1))
     if out_dir.exists():
-        shutil.rmtree(out_dir)
+        out_dir.rmdir()  # only an empty directory is left here (settle refused or moved anything else)
     os.replace(tmp, out_dir)
     return out_dir, summary
 
 
 def run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | None = None, *, resume: bool = True,
-                 log=print) -> list[dict]:
-    """Warm start (unless ``policy_dir`` is given) then RL; everything under ``run_dir``."""
+                 fresh: bool = False, log=print) -> list[dict]:
+    """Warm start (unless ``policy_dir`` is given) then RL; everything under ``run_dir``.
+
+    Before any work, the warm start ``run_dir/warm_start`` and the run in ``run_dir`` are checked against ``cfg``
+    (:mod:`interq.train.provenance`): reused / resumed when they match, else
+    :class:`~interq.train.provenance.StaleResultError`, or with ``fresh`` each differing one is moved aside to
+    ``<dir>.stale-<time>`` (a matching warm start stays in place) and started again.
+    """
     from interq.train.build import env_factory, split_tasks
     from interq.train.policy import load_policy
+    from interq.train.provenance import (policy_identity, run_differences, settle, warm_start_differences,
+                                         warm_start_identity)
     from interq.train.rl import train
 
-    _quiet_transformers()
     run_dir = Path(run_dir)
+    checks = []
+    if policy_dir is None:
+        checks.append((run_dir / "warm_start", warm_start_differences(cfg, run_dir / "warm_start")))
+        start_policy = warm_start_identity(cfg)
+    else:
+        start_policy = policy_identity(policy_dir)
+        checks.append((Path(policy_dir), []))  # a policy kept inside run_dir stays there with --fresh
+    checks.append((run_dir, run_differences(cfg, run_dir, start_policy)))
+    settle(checks, fresh, log)
+    _quiet_transformers()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     if policy_dir is None:
@@ -99,4 +121,5 @@ def run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | N
     model, tokenizer = load_policy(policy_dir, cfg.model.dtype)
     make_env = env_factory(cfg.env)
     train_tasks, eval_tasks = split_tasks(make_env, cfg.env)
-    return train(cfg, run_dir, model, tokenizer, make_env, train_tasks, eval_tasks, resume=resume)
+    return train(cfg, run_dir, model, tokenizer, make_env, train_tasks, eval_tasks, resume=resume,
+                 start_policy=start_policy)

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from interq.agent.loop import Episode, make_render, play_episodes
-from interq.train.config import AlgoConfig, RunConfig, save_config
+from interq.train.config import AlgoConfig, RunConfig
 
 # ---------------------------------------------------------------------------------------------- advantages
 
@@ -341,16 +341,25 @@ def step_tasks(train_tasks, cfg: RunConfig, step: int):
 
 
 def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train_tasks, eval_tasks,
-          *, resume: bool = True) -> list[dict]:
-    """Run ``cfg.train.steps`` RL steps from the given (warm-started) policy; returns the step records."""
+          *, resume: bool = True, start_policy: dict | None = None) -> list[dict]:
+    """Run ``cfg.train.steps`` RL steps from the given (warm-started) policy; returns the step records.
+
+    A run already in ``run_dir`` is resumed from its last checkpoint only when it was made from ``start_policy``
+    with the same resolved config and numerics (``train.steps`` may grow; :mod:`interq.train.provenance`), else
+    :class:`~interq.train.provenance.StaleResultError` before anything in ``run_dir`` is touched.
+    """
     from interq.rollout import RolloutEngine
     from interq.train.build import build_executor, chat_format
     from interq.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from interq.train.logging import RunLogger, read_jsonl
+    from interq.train.provenance import StaleResultError, run_differences, stale_message, write_run_record
 
     run_dir = Path(run_dir)
+    differences = run_differences(cfg, run_dir, start_policy)
+    if differences:
+        raise StaleResultError(stale_message([(run_dir, differences)]))
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
+    write_run_record(cfg, run_dir, start_policy)
     t = cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
@@ -364,7 +373,7 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
         executor.sync(model)
     logger = RunLogger(run_dir, progress_total=t.steps, progress=t.progress, tensorboard=t.tensorboard,
                        desc=cfg.name, start=start)
-    logger.truncate_after(start)
+    logger.truncate_after(start if start else -1)  # from scratch: no record of an earlier attempt survives
     engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
                            max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
     if start == 0 and t.eval_every_steps:

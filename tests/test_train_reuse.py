@@ -1,0 +1,227 @@
+"""No stale result can pass for a new one (issue 11 item 5): a warm start or run directory is reused only when it
+was made from the same inputs by the same numerics; otherwise the CLI stops before any work and names every
+differing field, and ``--fresh`` moves the stale directory aside and starts again."""
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from interq.cli import main
+from interq.train import provenance
+
+TOY = ["env.name=toy", "env.max_turns=3", "env.num_train_tasks=8", "env.num_eval_tasks=2", "env.env_kwargs={length: 2}",
+       "model.vocab_size=300", "model.hidden_size=16", "model.intermediate_size=32", "model.num_heads=2",
+       "model.num_kv_heads=1", "model.head_dim=8", "warm_start.num_demos=8", "warm_start.steps=3",
+       "train.tasks_per_step=2", "train.episodes_per_task=2", "train.progress=false", "rollout.max_action_tokens=3",
+       "train.steps=2", "train.eval_every_steps=2", "train.checkpoint_every_steps=2", "train.threads=1"]
+
+
+def _train(run, *extra, opts=()):
+    """``interq train`` of the tiny q-interq run into ``run`` (options before the overrides)."""
+    return ["train", "--preset", "q-interq", "--out", str(run), *opts, *TOY, *extra]
+
+
+def _cli(capsys, args):
+    """(exit code, stderr) of one CLI call."""
+    capsys.readouterr()
+    rc = main(args)
+    return rc, capsys.readouterr().err
+
+
+def _steps(run):
+    return [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _stamps(run):
+    """What a reuse must leave untouched: the warm start's weights and the run's last checkpoint (mtimes)."""
+    return {"warm_start": (run / "warm_start" / "model.safetensors").stat().st_mtime_ns,
+            "checkpoint": (run / "checkpoints" / "step_000002" / "model.safetensors").stat().st_mtime_ns}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One finished tiny run (warm start + 2 RL steps), copied by each test."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    assert main(_train(run)) == 0
+    return run
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+    dst = tmp_path / "run"
+    shutil.copytree(trained, dst)
+    return dst
+
+
+def test_identical_rerun_reuses_warm_start_and_run(run, capsys):
+    stamps, metrics = _stamps(run), (run / "metrics.jsonl").read_text()
+    rc, err = _cli(capsys, _train(run))
+    assert rc == 0, err
+    assert _stamps(run) == stamps  # neither retrained
+    assert (run / "metrics.jsonl").read_text() == metrics
+    # both record what they were computed from, numerics version included
+    ws = json.loads((run / "warm_start" / "provenance.json").read_text())
+    assert ws["numerics_version"] == provenance.NUMERICS_VERSION and ws["inputs"]["warm_start.steps"] == 3
+    rr = json.loads((run / "provenance.json").read_text())
+    assert rr["numerics_version"] == provenance.NUMERICS_VERSION and rr["start_policy"]["inputs"] == ws["inputs"]
+
+
+@pytest.mark.parametrize("change, expected, warm_start_differs", [
+    ("algo.budget=0.25", "algo.budget: 0.5 -> 0.25", False),
+    ("algo.correction=tis", "algo.correction: interq -> tis", False),
+    ("warm_start.steps=4", "warm_start.steps: 3 -> 4", True),
+    ("model.hidden_size=32", "model.hidden_size: 16 -> 32", True),
+    ("env.max_turns=4", "env.max_turns: 3 -> 4", True),
+    ("env.num_eval_tasks=3", "env.num_eval_tasks: 2 -> 3", False),  # held-out set: the warm start does not read it
+])
+def test_changed_config_refused_before_any_work(run, capsys, change, expected, warm_start_differs):
+    stamps, metrics = _stamps(run), (run / "metrics.jsonl").read_text()
+    config = (run / "config.yaml").read_text()
+    rc, err = _cli(capsys, _train(run, change))
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interq: "), err
+    assert f"{run} holds results of other inputs" in err and "--fresh" in err
+    assert expected in err
+    assert (f"{run / 'warm_start'} holds results" in err) is warm_start_differs
+    # nothing was touched: the stored config is the old one, nothing retrained or appended
+    assert (run / "config.yaml").read_text() == config
+    assert (run / "metrics.jsonl").read_text() == metrics and _stamps(run) == stamps
+    assert not list(run.parent.glob("run.stale-*"))
+
+
+def test_every_differing_field_is_named(run, capsys):
+    rc, err = _cli(capsys, _train(run, "algo.budget=0.25", "optim.lr=0.001", "train.seed=3"))
+    assert rc == 2
+    for needle in ("algo.budget: 0.5 -> 0.25", "optim.lr: 0.0001 -> 0.001", "train.seed: 0 -> 3"):
+        assert needle in err, err
+
+
+def test_changed_warm_start_refused_by_sft(run, capsys):
+    ws = run / "warm_start"
+    before = (ws / "model.safetensors").stat().st_mtime_ns
+    rc, err = _cli(capsys, ["sft", "--preset", "q-interq", "--out", str(ws), *TOY, "warm_start.noise=0.5"])
+    assert rc == 2 and f"{ws} holds results of other inputs (warm_start.noise: 0.1 -> 0.5)" in err, err
+    assert (ws / "model.safetensors").stat().st_mtime_ns == before
+    # inputs the warm start does not read do not make it stale
+    rc, err = _cli(capsys, ["sft", "--preset", "q-interq", "--out", str(ws), *TOY, "algo.budget=0.1", "optim.lr=0.5"])
+    assert rc == 0, err
+    assert (ws / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_fresh_moves_stale_run_aside_and_keeps_matching_warm_start(run, capsys):
+    ws_stamp = _stamps(run)["warm_start"]
+    old_config = (run / "config.yaml").read_text()
+    rc, err = _cli(capsys, _train(run, "algo.budget=0.25", opts=["--fresh"]))
+    assert rc == 0, err
+    (stale,) = run.parent.glob("run.stale-*")
+    assert (stale / "config.yaml").read_text() == old_config and (stale / "metrics.jsonl").is_file()
+    assert not (stale / "warm_start").exists()
+    assert yaml.safe_load((run / "config.yaml").read_text())["algo"]["budget"] == 0.25
+    assert _steps(run) == [0, 1, 2]
+    assert (run / "warm_start" / "model.safetensors").stat().st_mtime_ns == ws_stamp  # it matched: reused
+
+
+def test_fresh_retrains_a_stale_warm_start(run, capsys):
+    stamps = _stamps(run)
+    rc, err = _cli(capsys, _train(run, "warm_start.steps=4", opts=["--fresh"]))
+    assert rc == 0, err
+    assert json.loads((run / "warm_start" / "provenance.json").read_text())["inputs"]["warm_start.steps"] == 4
+    assert json.loads((run / "warm_start" / "policy_summary.json").read_text())["sft/steps"] == 4
+    (stale,) = run.parent.glob("run.stale-*")
+    assert (stale / "warm_start" / "model.safetensors").stat().st_mtime_ns == stamps["warm_start"]
+    assert _steps(run) == [0, 1, 2]
+
+
+def test_extending_steps_resumes_shortening_refused(run, capsys):
+    metrics = (run / "metrics.jsonl").read_text()
+    # display-only fields may change, and train.steps may grow: the run continues from its step-2 checkpoint
+    rc, err = _cli(capsys, _train(run, "train.steps=3", "train.progress=true"))
+    assert rc == 0, err
+    assert _steps(run) == [0, 1, 2, 3]
+    assert (run / "metrics.jsonl").read_text().startswith(metrics)  # steps 0-2 kept as they were
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["steps"] == 3
+    rc, err = _cli(capsys, _train(run, "train.steps=2"))
+    assert rc == 2 and "train.steps: 3 -> 2" in err, err
+
+
+def test_numerics_version_bump_refuses(run, capsys, monkeypatch):
+    monkeypatch.setattr(provenance, "NUMERICS_VERSION", provenance.NUMERICS_VERSION + 1)
+    new = provenance.NUMERICS_VERSION
+    rc, err = _cli(capsys, _train(run))
+    assert rc == 2
+    assert f"{run / 'warm_start'} holds results of other inputs (numerics_version: {new - 1} -> {new})" in err, err
+    assert f"{run} holds results of other inputs (numerics_version: {new - 1} -> {new})" in err, err
+
+
+def test_result_without_provenance_refused(run, capsys):
+    (run / "provenance.json").unlink()  # a run written before provenance was recorded
+    rc, err = _cli(capsys, _train(run))
+    assert rc == 2 and f"numerics_version: <unrecorded> -> {provenance.NUMERICS_VERSION}" in err, err
+
+
+def test_other_start_policy_refused(run, tmp_path, capsys):
+    ws = run / "warm_start"
+    other = tmp_path / "other_policy"
+    assert _cli(capsys, ["sft", "--preset", "q-interq", "--out", str(other), *TOY, "warm_start.seed=1"])[0] == 0
+    rc, err = _cli(capsys, _train(tmp_path / "p", opts=["--policy", str(ws)]))
+    assert rc == 0, err
+    rc, err = _cli(capsys, _train(tmp_path / "p", opts=["--policy", str(other)]))
+    assert rc == 2 and "start_policy.inputs.warm_start.seed: 0 -> 1" in err, err
+
+
+def test_fresh_keeps_a_policy_inside_the_run_directory(run, capsys):
+    ws = run / "warm_start"
+    stamp = (ws / "model.safetensors").stat().st_mtime_ns
+    rc, err = _cli(capsys, _train(run, "algo.budget=0.25", opts=["--policy", str(ws), "--fresh"]))
+    assert rc == 0, err  # the run (started from the built-in warm start) is moved aside, its --policy stays
+    assert (ws / "model.safetensors").stat().st_mtime_ns == stamp and _steps(run) == [0, 1, 2]
+
+
+def test_sft_never_replaces_a_directory_that_is_no_warm_start(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    rc, err = _cli(capsys, ["sft", "--preset", "q-interq", "--out", str(out), *TOY])
+    assert rc == 2 and "not a warm start" in err and (out / "notes.txt").read_text() == "keep me"
+
+
+def test_no_resume_starts_over_without_old_records(run, capsys):
+    rc, err = _cli(capsys, _train(run, opts=["--no-resume"]))
+    assert rc == 0, err
+    assert _steps(run) == [0, 1, 2]  # no step-0 line of the earlier attempt left behind
+
+
+CMP = ["env.name=toy", "env.task_types=", "env.max_turns=3", "env.num_train_tasks=8", "env.num_eval_tasks=2",
+       "env.env_kwargs={length: 2}", "env.show_admissible=true", "algo.layout=concatenated",
+       "model.vocab_size=300", "model.hidden_size=16", "model.intermediate_size=32", "model.num_heads=2",
+       "model.num_kv_heads=1", "model.head_dim=8", "warm_start.num_demos=8", "warm_start.steps=2",
+       "train.tasks_per_step=2", "train.episodes_per_task=2", "train.progress=false", "rollout.max_action_tokens=3",
+       "train.steps=1", "train.eval_every_steps=1", "train.eval_episodes_per_task=1", "train.checkpoint_every_steps=1",
+       "train.threads=1"]
+
+
+def test_compare_checks_every_arm_before_the_warm_start(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    args = ["compare", "--out", str(out), "--arms", "bf16,q-interq", "--seeds", "0", *CMP]  # + overrides, then flags
+    assert _cli(capsys, args)[0] == 0
+    ws_stamp = (out / "warm_start" / "model.safetensors").stat().st_mtime_ns
+    # a changed arm setting: refused naming every arm directory, before the warm start would be made
+    shutil.move(out / "warm_start", tmp_path / "ws_saved")
+    rc, err = _cli(capsys, [*args, "algo.budget=0.25"])
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    for arm in ("bf16-s0", "q-interq-s0"):
+        assert f"{out / arm} holds results of other inputs (algo.budget: 0.5 -> 0.25)" in err, err
+    assert not (out / "warm_start").exists()
+    # the demo runs the same two arms: it refuses the same way
+    rc, err = _cli(capsys, ["demo", "--out", str(out), *CMP, "algo.budget=0.25"])
+    assert rc == 2 and f"{out / 'q-interq-s0'} holds results" in err and not (out / "warm_start").exists()
+    # --fresh: the arms are moved aside and run again, the matching warm start is reused
+    shutil.move(tmp_path / "ws_saved", out / "warm_start")
+    rc, err = _cli(capsys, [*args, "algo.budget=0.25", "--fresh"])
+    assert rc == 0, err
+    assert (out / "warm_start" / "model.safetensors").stat().st_mtime_ns == ws_stamp
+    assert len(list(out.glob("bf16-s0.stale-*"))) == 1 and len(list(out.glob("q-interq-s0.stale-*"))) == 1
+    assert yaml.safe_load((out / "q-interq-s0" / "config.yaml").read_text())["algo"]["budget"] == 0.25
