@@ -29,7 +29,8 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # the closed form gives exactly 0 (k = 0) and 1 (k = n) at the ends; keep them exact despite rounding
+    return (0.0 if successes == 0 else max(0.0, centre - half), 1.0 if successes == n else min(1.0, centre + half))
 
 
 def paired_difference(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], *, resamples: int = 2000,
