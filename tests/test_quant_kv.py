@@ -107,3 +107,32 @@ def test_kv_format_none_or_sliding_layers_rejected_for_quant_layer():
     m.config.layer_types = ["sliding_attention"] * m.config.num_hidden_layers
     with pytest.raises(NotImplementedError, match="sliding_attention"):
         make_kv_cache(QuantConfig(), m.config)
+
+
+@pytest.mark.parametrize("bits", [4, 6])
+def test_narrow_kv_codes_stored_in_int8_and_read_dequantized(bits):
+    """kv_bits < 8: codes in [-qmax, qmax], one per int8 byte (not packed), read back as fake_quant_kv."""
+    qmax = 2 ** (bits - 1) - 1
+    qcfg = QuantConfig(kv_bits=bits)
+    cfg = tiny_causal_lm("llama").config
+    cache, cache8 = make_kv_cache(qcfg, cfg), make_kv_cache(QuantConfig(), cfg)
+    k, v = torch.randn(2, 2, 6, 16) * 3, torch.randn(2, 2, 6, 16)
+    k_out, v_out = cache.update(k, v, 0)
+    cache8.update(k, v, 0)
+    layer = cache.layers[0]
+    assert layer.keys.dtype == torch.int8 and layer.keys.abs().max() == qmax and layer.values.abs().max() == qmax
+    assert torch.equal(k_out, P.fake_quant_kv(k, qcfg)) and torch.equal(v_out, P.fake_quant_kv(v, qcfg))
+    err, err8 = (k_out - k).abs().mean(), (P.fake_quant_kv(k, QuantConfig()) - k).abs().mean()
+    assert err > 1.5 * err8  # a coarser cache, really
+    assert cache.layers[0].nbytes() == cache8.layers[0].nbytes()  # same int8 storage
+
+
+def test_w4a4_kv4_decode_matches_prefill_and_rows_are_batch_invariant():
+    exe = make_executor(tiny_causal_lm("qwen3"), QuantConfig(w_bits=4, a_bits=4, kv_bits=4))
+    ids = torch.randint(0, 128, (3, 12))
+    with torch.no_grad():
+        prefill = exe(input_ids=ids).logits
+        dec, _ = _decode(exe, ids, 5)
+        alone = exe(input_ids=ids[1:2]).logits
+    assert (dec - prefill).abs().max() < 1e-3
+    assert (alone - prefill[1:2]).abs().max() < 1e-4

@@ -100,3 +100,32 @@ def test_configs_are_frozen_and_documented():
         cfg.train.steps = 5  # type: ignore[misc]
     names = [n for n, _, _ in describe()]
     assert "train.tasks_per_step" in names and "train.tokens_per_microbatch" in names
+
+
+@pytest.mark.parametrize("preset, override, needle", [
+    ("q-interq", "rollout.w_bits=3", "rollout.w_bits=3 is not accepted; it must be an integer in [4, 8]"),
+    ("q-interq", "rollout.a_bits=9", "rollout.a_bits=9 is not accepted; it must be an integer in [4, 8]"),
+    ("q-interq", "rollout.kv_bits=4.5", "rollout.kv_bits: expected an integer, got 4.5"),
+    ("q-interq", "rollout.w_bits=true", "rollout.w_bits: expected an integer, got True"),
+    ("bf16", "rollout.w_bits=4", "rollout.w_bits=4 needs rollout.executor='w8a8' (got 'bf16')"),
+    ("bf16", "rollout.kv_bits=4", "rollout.kv_bits=4 needs rollout.executor='w8a8'"),
+    ("q-interq", "rollout.kv_format=fp8_per_token_head,rollout.kv_bits=4",
+     "rollout.kv_bits=4 needs rollout.kv_format='int8_per_token_head'"),
+    ("q-interq", "rollout.weight_format=fp8_e4m3,rollout.a_bits=4", "rollout.a_bits=4 needs rollout.weight_format='int8'"),
+])
+def test_bit_widths_are_validated_naming_the_field(preset, override, needle):
+    with pytest.raises(ConfigError) as e:
+        build_config(preset, override.split(","))
+    assert needle in str(e.value)
+
+
+def test_bit_widths_reach_the_executor_quant_config():
+    from interq.quant import QuantConfig
+    from interq.train.build import quant_config
+
+    assert quant_config(build_config("q-interq").rollout) == QuantConfig()  # defaults: W8A8-KV8, as before
+    cfg = build_config("q-interq", ["rollout.w_bits=4", "rollout.a_bits=4", "rollout.kv_bits=4"])
+    assert quant_config(cfg.rollout) == QuantConfig(w_bits=4, a_bits=4, kv_bits=4)
+    assert build_config("q-interq", ["rollout.w_bits=5.0"]).rollout.w_bits == 5  # an integral YAML float is an int
+    names = [n for n, _, _ in describe()]
+    assert {"rollout.w_bits", "rollout.a_bits", "rollout.kv_bits"} <= set(names)

@@ -6,6 +6,7 @@ Follows ``shared/design/quant-spec.md``. Usage::
     from interq.quant import QuantConfig, make_executor, make_kv_cache, sync_weights, aligned
 
     qcfg = QuantConfig()                                  # W8A8 int8 per-channel sym127, int8 per-token-head KV
+    # QuantConfig(w_bits=4, a_bits=4, kv_bits=4): narrower integer codes, same kernels (W4A4-KV4)
     executor = make_executor(learner, qcfg)               # a new module; learner untouched
     cache = make_kv_cache(qcfg, executor.config)          # quantizes each token's K/V once, when written
     out = executor(input_ids=prompt, cache=cache, use_cache=True)          # prefill   [B, L, V]

@@ -3,7 +3,8 @@
 ``aligned(model, qcfg)`` is a **context manager**: inside it, ``model``'s forward runs the executor's
 quantize-dequantize on weights (per sync: same scales, same fused groups), on activations (dynamic, per
 token) and on K/V (after RoPE, per token and head, inside attention), each with a straight-through
-estimator so gradients reach the high-precision master weights. On exit the model is restored; a graph
+estimator so gradients reach the high-precision master weights. The same ``QuantConfig`` fields drive both
+sides, integer widths (``w_bits`` / ``a_bits`` / ``kv_bits``) included. On exit the model is restored; a graph
 built inside can be back-propagated after exit.
 
     with aligned(learner, qcfg):

@@ -15,6 +15,12 @@ A_GRANULARITIES = ("auto", "token", "group128")
 A_INT8_ROUNDINGS = ("half_even", "half_away")
 KV_FORMATS = ("none", "int8_per_token_head", "fp8_per_token_head", "fp8_tensor")
 STORES = ("round", "trunc")
+BITS = (4, 5, 6, 7, 8)  # integer widths of w_bits / a_bits / kv_bits
+
+
+def int_qmax(bits: int) -> int:
+    """Largest code of a symmetric ``bits``-wide integer format: 2**(bits-1) - 1 (127 at 8 bits, 7 at 4)."""
+    return 2 ** (bits - 1) - 1
 
 
 def _check(name: str, value, accepted) -> None:
@@ -24,7 +30,8 @@ def _check(name: str, value, accepted) -> None:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """W8A8-KV8 numerics. ``QuantConfig()`` is vLLM's online W8A8-INT8 with int8 per-token-head KV.
+    """W8A8-KV8 numerics (or narrower integer widths). ``QuantConfig()`` is vLLM's online W8A8-INT8 with int8
+    per-token-head KV.
 
     Fields (quant-spec.md "Formats"):
       w_format: ``int8`` (vLLM/SGLang W8A8-INT8), ``fp8_e4m3`` (vLLM ``quantization=fp8``), ``none`` (a
@@ -46,6 +53,15 @@ class QuantConfig:
       kv_tensor_scale: the per-layer K and V scale of ``fp8_tensor``.
       exclude: name suffixes of decoder linears kept in high precision (the MoE router ``mlp.gate`` and any
         ``shared_expert_gate``). Embeddings, lm_head, norms and rotary are never quantized.
+      w_bits, a_bits, kv_bits: integer widths in 4..8 (default 8) of the int8 formats: the weights of
+        ``w_format='int8'``, the activations of those int8 GEMMs, the K/V of ``kv_format='int8_per_token_head'``.
+        Symmetric, qmax = 2**(bits-1) - 1: scale amax/qmax and codes in [-qmax, qmax] (``full127p5``:
+        amax/(qmax+0.5), codes in [-(qmax+1), qmax]). The codes stay in int8 tensors and run through the same
+        exact int32 kernels; only the scale and the clamp change, so 8 is bit-identical to the 8-bit formats.
+        ``w_bits=4`` gives the 4-bit weights of W4A8 / W4A16 serving (activations here stay integer, 4..8 bits),
+        ``kv_bits=4`` a 4-bit KV cache; W4A4-KV4 is the stress setting of the comparison study. Codes are not
+        packed: memory and speed stay those of int8.
+        A width other than 8 on an fp8 or ``none`` format is rejected.
     """
 
     w_format: str = "int8"
@@ -58,6 +74,9 @@ class QuantConfig:
     fp8_store: str = "round"
     kv_tensor_scale: float = 1.0
     exclude: tuple[str, ...] = field(default=("mlp.gate", "shared_expert_gate"))
+    w_bits: int = 8
+    a_bits: int = 8
+    kv_bits: int = 8
 
     def __post_init__(self) -> None:
         _check("w_format", self.w_format, W_FORMATS)
@@ -70,6 +89,21 @@ class QuantConfig:
         _check("fp8_store", self.fp8_store, STORES)
         if not (isinstance(self.kv_tensor_scale, (int, float)) and self.kv_tensor_scale > 0):
             raise ValueError(f"QuantConfig.kv_tensor_scale={self.kv_tensor_scale!r} must be a positive number")
+        for name in ("w_bits", "a_bits", "kv_bits"):
+            bits = getattr(self, name)
+            if isinstance(bits, bool) or not isinstance(bits, int) or bits not in BITS:
+                raise ValueError(f"QuantConfig.{name}={bits!r} is not accepted; accepted values: integers "
+                                 f"{', '.join(map(str, BITS))}")
+        if self.w_format != "int8":
+            for name in ("w_bits", "a_bits"):
+                if getattr(self, name) != 8:
+                    raise ValueError(f"QuantConfig.{name}={getattr(self, name)} needs w_format='int8' (got "
+                                     f"w_format={self.w_format!r}); fp8 and unquantized formats have no integer width, "
+                                     "accepted with them: 8")
+        if self.kv_bits != 8 and self.kv_format != "int8_per_token_head":
+            raise ValueError(f"QuantConfig.kv_bits={self.kv_bits} needs kv_format='int8_per_token_head' (got "
+                             f"kv_format={self.kv_format!r}); fp8 and unquantized KV formats have no integer width, "
+                             "accepted with them: 8")
         if isinstance(self.exclude, str) or not all(isinstance(s, str) for s in self.exclude):
             raise ValueError(f"QuantConfig.exclude={self.exclude!r} must be a tuple of module-name suffixes (str)")
         object.__setattr__(self, "exclude", tuple(self.exclude))

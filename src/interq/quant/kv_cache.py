@@ -6,6 +6,9 @@ the compute dtype on read. Prefill attention therefore also reads the quantized 
 (one behaviour, chosen and documented: it is what a dequantizing FlashInfer/Triton backend does once the
 tokens are in the paged cache, and what the aligned learner forward mirrors).
 
+With ``QuantConfig.kv_bits`` < 8 the int8 per-token-head codes are narrower (scale amax/(2**(kv_bits-1) - 1))
+but still stored one per int8 byte, not packed: ``kv_bytes_per_token`` reports the int8 storage.
+
 The cache supports the row operations of ``DynamicCache`` (``batch_select_indices``, ``reorder_cache``,
 ``batch_repeat_interleave``, ``crop``, ``reset``), so a rollout engine can drop finished sessions.
 """

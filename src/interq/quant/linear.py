@@ -10,6 +10,9 @@
 - fp8 e4m3: operands cast to e4m3 after clamping, products summed in float64 (exact for these K: order
   and batch invariant), scales applied in the same order. Hopper's FastAccum fp8 GEMM accumulates in
   reduced precision (~1e-3 relative): that is a documented tolerance, not reproduced.
+
+Narrower integer widths (``QuantConfig.w_bits`` / ``a_bits`` in 4..8) only change the codes' scale and
+clamp: they are still int8 tensors through the same kernels and exact int32 accumulators.
 """
 
 from __future__ import annotations
@@ -87,11 +90,13 @@ def epilogue(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torc
 
 
 def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int, bias: torch.Tensor | None,
-                rounding: str, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None) -> torch.Tensor:
+                rounding: str, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None,
+                a_bits: int = 8) -> torch.Tensor:
     """x2 [M, K] float, wq_t int8 [Kp, Np] (padded, transposed), s_w fp32 [N] or [] -> [M, N] out_dtype.
     With ``codes_f32`` (wq_t as float32) the accumulator comes from the exact fp32 backend instead of
-    ``torch._int_mm``: the same int32 values."""
-    q, s_a = P.quant_act_int8_token(x2, rounding)  # [M, K] int8, [M, 1] fp32
+    ``torch._int_mm``: the same int32 values. ``a_bits`` < 8 narrows the activation codes (still int8
+    tensors); narrower weight codes arrive as they are in ``wq_t``: the GEMM and the epilogue do not change."""
+    q, s_a = P.quant_act_int8_token(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
     if codes_f32 is None:
         acc32 = int_mm_padded(q, wq_t)  # [M, Np] int32, exact
     else:
@@ -172,7 +177,7 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         if self.qcfg.w_format == "int8":
             y = int8_linear(x2, self.weight_q, self.weight_scale, self.out_features, self.bias,
-                            self.qcfg.a_int8_rounding, x.dtype, self.weight_codes_f32)
+                            self.qcfg.a_int8_rounding, x.dtype, self.weight_codes_f32, self.qcfg.a_bits)
         else:
             y = fp8_linear(x2, self.weight_q, self.weight_scale, self.bias, self.qcfg.a_granularity,
                            self.qcfg.w_granularity, x.dtype)
@@ -253,7 +258,7 @@ class QuantExperts(nn.Module):
         if self.qcfg.w_format == "int8":
             codes = getattr(self, f"{name}_codes_f32")
             return int8_linear(x, wq, s, n_out, None, self.qcfg.a_int8_rounding, x.dtype,
-                               None if codes is None else codes[e])
+                               None if codes is None else codes[e], self.qcfg.a_bits)
         return fp8_linear(x, wq, s, None, self.qcfg.a_granularity, self.qcfg.w_granularity, x.dtype)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):

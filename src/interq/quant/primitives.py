@@ -1,6 +1,10 @@
 """Quantization primitives: pure tensor functions, one per kernel they mirror (quant-spec.md; the
 formulas and their engine sources are in shared/reference/quant_numerics.md section 7.2).
 
+Integer widths: the int8 quantizers take ``bits`` (4..8, ``QuantConfig.w_bits`` / ``a_bits`` / ``kv_bits``):
+symmetric with qmax = 2**(bits-1) - 1, so only the scale (amax/qmax) and the clamp change; the codes stay
+int8 tensors. At ``bits=8`` every formula below is the 8-bit one, operation for operation.
+
 Conventions: every quantizer returns ``(q, scale)`` with ``x ~= q.float() * scale`` (scale broadcastable,
 fp32); rounding and saturation are explicit (``torch.round`` is half-to-even; fp8 values are clamped to
 +-448 *before* the cast, since CPU torch saturates and CUDA torch gives NaN).
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from interq.quant.config import QuantConfig
+from interq.quant.config import QuantConfig, int_qmax
 
 E4M3_MAX = 448.0
 FP8_TOKEN_MIN_SCALE = 1.0 / (E4M3_MAX * 512.0)  # vLLM dynamic_per_token_scaled_fp8_quant floor
@@ -79,19 +83,21 @@ def _pad_last2(w: torch.Tensor, mult: int) -> torch.Tensor:
 
 
 def quant_weight_int8(w: torch.Tensor, granularity: str = "channel", int8_range: str = "sym127",
-                      amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      amax: torch.Tensor | None = None, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 weight, symmetric. ``sym127``: s = amax/127, q = clamp(round(w/s), -127, 127) (vLLM online int8);
     ``full127p5``: s = max(amax/127.5, eps), q = round(clamp(w/s, -128, 127)) (compressed-tensors / torchao).
+    ``bits`` < 8 replaces 127 by qmax = 2**(bits-1) - 1 (and 127.5, -128 by qmax + 0.5, -(qmax + 1)).
     w: [..., N, K] -> q int8 [..., N, K], s fp32 [..., N, 1] (channel) or [..., 1, 1] (tensor).
     An all-zero row gets s = 1 (q = 0) instead of vLLM's NaN."""
+    qmax = int_qmax(bits)
     wf = w.detach().float()  # [..., N, K]
     amax = _amax(wf, granularity) if amax is None else amax.float()
     if int8_range == "sym127":
-        s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-        q = torch.round(wf / s).clamp(-127, 127)
+        s = torch.where(amax > 0, amax / float(qmax), torch.ones_like(amax))
+        q = torch.round(wf / s).clamp(-qmax, qmax)
     elif int8_range == "full127p5":
-        s = (amax / 127.5).clamp(min=torch.finfo(torch.float32).eps)
-        q = torch.round((wf / s).clamp(-128, 127))
+        s = (amax / (qmax + 0.5)).clamp(min=torch.finfo(torch.float32).eps)
+        q = torch.round((wf / s).clamp(-(qmax + 1), qmax))
     else:
         raise ValueError(f"int8_range {int8_range!r} is not one of 'sym127', 'full127p5'")
     return q.to(torch.int8), s
@@ -131,7 +137,7 @@ def expand_block_scale(s: torch.Tensor, n: int, k: int) -> torch.Tensor:
 def quant_weight(w: torch.Tensor, qcfg: QuantConfig, amax: torch.Tensor | None = None):
     """Dispatch on ``qcfg.w_format`` / ``w_granularity``; ``amax`` overrides the reduction (fused groups)."""
     if qcfg.w_format == "int8":
-        return quant_weight_int8(w, qcfg.w_granularity, qcfg.w_int8_range, amax)
+        return quant_weight_int8(w, qcfg.w_granularity, qcfg.w_int8_range, amax, qcfg.w_bits)
     if qcfg.w_format == "fp8_e4m3":
         return quant_weight_fp8(w, qcfg.w_granularity, amax)
     raise ValueError(f"QuantConfig.w_format={qcfg.w_format!r} quantizes no weights; accepted: 'int8', 'fp8_e4m3'")
@@ -144,14 +150,17 @@ def dequant_weight(q: torch.Tensor, s: torch.Tensor, granularity: str) -> torch.
 
 
 # -------------------------------------------------------------------------------------- activations
-def quant_act_int8_token(x: torch.Tensor, rounding: str = "half_even") -> tuple[torch.Tensor, torch.Tensor]:
+def quant_act_int8_token(x: torch.Tensor, rounding: str = "half_even",
+                         bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM ``dynamic_scaled_int8_quant``: inv = 127/amax (0 if amax = 0), q = sat8(round(x * inv)),
-    s = amax/127. x: [..., K] -> q int8 [..., K], s fp32 [..., 1]."""
+    s = amax/127. ``bits`` < 8: 127 -> qmax = 2**(bits-1) - 1 and sat to [-(qmax + 1), qmax] (the scale keeps
+    every code in [-qmax, qmax]). x: [..., K] -> q int8 [..., K], s fp32 [..., 1]."""
+    qmax = int_qmax(bits)
     xf = x.detach().float()  # [..., K]
     amax = xf.abs().amax(dim=-1, keepdim=True)  # [..., 1]
-    inv = torch.where(amax == 0, torch.zeros_like(amax), 127.0 / amax)
-    q = round_int8(xf * inv, rounding).clamp(-128, 127)
-    return q.to(torch.int8), amax / 127.0
+    inv = torch.where(amax == 0, torch.zeros_like(amax), float(qmax) / amax)
+    q = round_int8(xf * inv, rounding).clamp(-(qmax + 1), qmax)
+    return q.to(torch.int8), amax / float(qmax)
 
 
 def quant_act_fp8_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,15 +189,17 @@ def quant_kv(t: torch.Tensor, qcfg: QuantConfig) -> tuple[torch.Tensor, torch.Te
     (per token and head) or [] (``fp8_tensor``).
 
     per-token-head (vLLM ``triton_reshape_and_cache_flash``): s = max(amax_d/QMAX, 1e-6),
-    q = store(clamp(t * (1/s), QMIN, QMAX)); ``fp8_tensor``: q = cast(t / kv_tensor_scale)."""
+    q = store(clamp(t * (1/s), QMIN, QMAX)) with QMAX = 448 (fp8) or 2**(kv_bits-1) - 1 (int, 127 at 8 bits),
+    QMIN = -(QMAX + 1) for int; ``fp8_tensor``: q = cast(t / kv_tensor_scale)."""
     tf = t.detach().float()  # [B, H, T, D]
     fmt = qcfg.kv_format
     if fmt == "fp8_tensor":
         s = torch.tensor(float(qcfg.kv_tensor_scale), dtype=torch.float32, device=t.device)
         return fp8_cast(tf / s, qcfg.fp8_store), s
     if fmt == "int8_per_token_head":
-        s = (tf.abs().amax(dim=-1, keepdim=True) / 127.0).clamp(min=KV_MIN_SCALE)  # [B, H, T, 1]
-        v = (tf * (1.0 / s)).clamp(-128, 127)
+        qmax = int_qmax(qcfg.kv_bits)
+        s = (tf.abs().amax(dim=-1, keepdim=True) / float(qmax)).clamp(min=KV_MIN_SCALE)  # [B, H, T, 1]
+        v = (tf * (1.0 / s)).clamp(-(qmax + 1), qmax)
         return round_int8(v, "half_even" if qcfg.kv_int8_store == "round" else "trunc").to(torch.int8), s
     if fmt == "fp8_per_token_head":
         s = (tf.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=KV_MIN_SCALE)  # [B, H, T, 1]
@@ -212,7 +223,7 @@ def fake_quant_weight(w: torch.Tensor, qcfg: QuantConfig, amax: torch.Tensor | N
 def fake_quant_activation(x: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
     """Dequantized dynamic activation, fp32, same shape as x ([..., K])."""
     if qcfg.w_format == "int8":
-        q, s = quant_act_int8_token(x, qcfg.a_int8_rounding)
+        q, s = quant_act_int8_token(x, qcfg.a_int8_rounding, qcfg.a_bits)
         return q.float() * s
     if qcfg.w_format == "fp8_e4m3":
         if qcfg.a_granularity == "group128":
@@ -240,8 +251,8 @@ def ste(x: torch.Tensor, x_fq: torch.Tensor, keep: torch.Tensor | None = None) -
     return x_fq.detach() + d
 
 
-def _keep_int8(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    return (x.detach().float() / s).abs() <= 127.5
+def _keep_int8(x: torch.Tensor, s: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    return (x.detach().float() / s).abs() <= int_qmax(bits) + 0.5
 
 
 def _keep_fp8(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -263,5 +274,5 @@ def fq_kv_ste(t: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
     """Fake-quantized K or V (t's dtype) with an STE that is zero where a fixed scale clipped
     (``fp8_tensor``) and the identity elsewhere."""
     q, s = quant_kv(t, qcfg)
-    keep = _keep_fp8(t, s) if qcfg.kv_format.startswith("fp8") else _keep_int8(t, s)
+    keep = _keep_fp8(t, s) if qcfg.kv_format.startswith("fp8") else _keep_int8(t, s, qcfg.kv_bits)
     return ste(t, dequant_kv(q, s, t.dtype), keep)

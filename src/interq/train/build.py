@@ -159,7 +159,8 @@ class Executor:
 def quant_config(cfg: RolloutConfig):
     from interq.quant import QuantConfig
 
-    return QuantConfig(w_format=cfg.weight_format, kv_format=cfg.kv_format)
+    return QuantConfig(w_format=cfg.weight_format, kv_format=cfg.kv_format, w_bits=cfg.w_bits, a_bits=cfg.a_bits,
+                       kv_bits=cfg.kv_bits)
 
 
 def build_executor(learner: torch.nn.Module, cfg: RolloutConfig) -> Executor:

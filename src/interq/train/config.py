@@ -102,6 +102,13 @@ class RolloutConfig:
     executor_dtype: str = "bfloat16"    # w8a8 only: compute dtype between the int8 GEMMs (engines use bf16)
     weight_format: str = "int8"         # w8a8 only: passed to interq.quant.QuantConfig
     kv_format: str = "int8_per_token_head"  # w8a8 only
+    # Integer widths in [4, 8] (w8a8 only; all 8 = W8A8-KV8). Lower-precision rollouts that exist in practice:
+    # 4-bit weights as in W4A8 / W4A16 serving (w_bits=4), a 4-bit KV cache (kv_bits=4); and the stress setting
+    # of the comparison study (W4A4-KV4). Symmetric, qmax = 2**(bits-1) - 1, same int8 kernels and exact int32
+    # accumulation, codes not packed (interq.quant.QuantConfig).
+    w_bits: int = 8                     # weights; needs weight_format=int8 below 8
+    a_bits: int = 8                     # activations of the int8 GEMMs; needs weight_format=int8 below 8
+    kv_bits: int = 8                    # K/V cache; needs kv_format=int8_per_token_head below 8
     temperature: float = 1.0
     top_p: float = 1.0
     max_action_tokens: int = 12
@@ -378,6 +385,17 @@ def validate(cfg: RunConfig) -> None:
     _one_of("rollout.executor_dtype", r.executor_dtype, DTYPES)
     _one_of("rollout.weight_format", r.weight_format, ("int8", "fp8_e4m3"))
     _one_of("rollout.kv_format", r.kv_format, ("none", "int8_per_token_head", "fp8_per_token_head", "fp8_tensor"))
+    for name, needs, fmt in (("w_bits", "weight_format", "int8"), ("a_bits", "weight_format", "int8"),
+                             ("kv_bits", "kv_format", "int8_per_token_head")):
+        bits = getattr(r, name)
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 4 <= bits <= 8:
+            raise ConfigError(f"rollout.{name}={bits!r} is not accepted; it must be an integer in [4, 8]")
+        if bits != 8 and r.executor != "w8a8":
+            raise ConfigError(f"rollout.{name}={bits} needs rollout.executor='w8a8' (got {r.executor!r}); "
+                              f"with another executor it must be 8")
+        if bits != 8 and getattr(r, needs) != fmt:
+            raise ConfigError(f"rollout.{name}={bits} needs rollout.{needs}={fmt!r} (got {getattr(r, needs)!r}); "
+                              f"an fp8 or unquantized format has no integer width, it must be 8")
     _positive("rollout.temperature", r.temperature)
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p={r.top_p!r} is not accepted; it must be in (0, 1]")
