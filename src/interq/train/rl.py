@@ -323,7 +323,8 @@ def evaluate(engine, fmt, make_env, tasks, cfg: RunConfig) -> dict:
     seeds = [10_000_019 + i for i in range(len(ts))]
     eps = rollout(engine, fmt, make_env, ts, seeds, list(range(len(ts))),
                   sampling_params(cfg, fmt, cfg.train.eval_temperature), cfg)
-    return episode_stats(eps, "eval")
+    # per-episode outcomes in task order ("0"/"1"): arms share tasks and seeds, so they can be compared paired
+    return {**episode_stats(eps, "eval"), "eval/outcomes": "".join("1" if ep.won else "0" for ep in eps)}
 
 
 def step_tasks(train_tasks, cfg: RunConfig, step: int):
