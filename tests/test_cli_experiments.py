@@ -32,14 +32,21 @@ def test_compare_writes_table_curves_and_mismatch_plot(tmp_path, capsys):
     args = ["compare", "--out", str(tmp_path), "--arms", "q-tis,q-interq", "--seeds", "0,1", "--threshold", "0.0", *TOY]
     assert main(args) == 0
     res = _result(capsys.readouterr().out)
-    assert res["seeds"] == [0, 1]
-    assert res["q-interq"]["learner_forward_passes_per_step"] == res["q-tis"]["learner_forward_passes_per_step"]
+    assert res["seeds"] == [0, 1] and res["partial"] is False
+    arms = res["regimes"]["natural"]
+    assert arms["q-interq"]["learner_forward_passes_per_step"] == arms["q-tis"]["learner_forward_passes_per_step"]
+    for arm in ("q-tis", "q-interq"):
+        s = arms[arm]
+        assert set(s) >= {"final_mean", "final_std", "ci95", "late_regression", "seeds"} and s["seeds"] == 2
+        # the pooled interval holds the pooled mean (2 seeds x 2 held-out episodes)
+        assert s["ci95"][0] <= s["final_mean"] <= s["ci95"][1]
+    assert "q-interq - q-tis" in res["paired"]["natural"]
     md = (tmp_path / "compare.md").read_text()
     assert "| q-interq |" in md and "late regression" in md and "Command: `interq compare" in md
     assert (tmp_path / "curves.png").is_file() and (tmp_path / "mismatch.png").is_file()
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert "abs_prefix_logratio" in summary["accumulation"]["q-tis"]
-    assert "abs_Lambda" in summary["accumulation"]["q-interq"]
+    assert "abs_prefix_logratio" in summary["accumulation"]["natural"]["q-tis"]
+    assert "abs_Lambda" in summary["accumulation"]["natural"]["q-interq"]
     # a second invocation reuses the finished runs (resume) and gives the same table
     assert main(args) == 0
     assert (tmp_path / "compare.md").read_text().split("| arm |")[1].split("wall s")[0] == md.split("| arm |")[1].split("wall s")[0]
@@ -52,7 +59,7 @@ def test_compare_runs_extra_methods_as_q_arms(tmp_path, capsys):
             "train.steps=1"]
     assert main(args) == 0
     res = _result(capsys.readouterr().out)
-    assert set(res) >= {"q-interq", "q-icepop"}
+    assert set(res["regimes"]["natural"]) >= {"q-interq", "q-icepop"}
     cfg = yaml.safe_load((tmp_path / "q-icepop-s0" / "config.yaml").read_text())
     assert cfg["algo"]["correction"] == "icepop" and cfg["algo"]["align"] is True
     assert cfg["rollout"]["executor"] == "w8a8"
@@ -65,4 +72,43 @@ def test_compare_rejects_an_unknown_arm_before_any_work(tmp_path, capsys):
         main(["compare", "--out", str(tmp_path), "--methods", "magic", *TOY])
     assert e.value.code == 2
     assert "q-magic" in capsys.readouterr().err
+    assert not (tmp_path / "warm_start").exists()
+
+
+def test_compare_regimes_budgets_and_a_partial_report(tmp_path, capsys):
+    import yaml
+
+    args = ["compare", "--out", str(tmp_path), "--arms", "bf16,q-interq", "--budgets", "inf", "--regimes",
+            "natural,matched", "--seeds", "0", "--jobs", "2", *TOY, "train.steps=1"]
+    # report-only before anything ran: every run is missing, nothing is trained
+    assert main([*args, "--report-only"]) == 0
+    res = _result(capsys.readouterr().out)
+    assert res["partial"] is True and res["regimes"] == {}
+    assert not (tmp_path / "warm_start").exists()
+    assert main(args) == 0
+    res = _result(capsys.readouterr().out)
+    assert set(res["regimes"]) == {"natural", "matched"} and res["partial"] is False
+    assert set(res["regimes"]["matched"]) == {"bf16", "q-interq", "q-interq-Binf"}
+    # bf16 is one run shared by both regimes; the quantized arms run again under the matched executor
+    dirs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name != "warm_start")
+    assert dirs == ["bf16-s0", "q-interq-Binf-s0", "q-interq-Binf@matched-s0", "q-interq-s0", "q-interq@matched-s0"]
+    matched = yaml.safe_load((tmp_path / "q-interq-Binf@matched-s0" / "config.yaml").read_text())
+    assert (matched["rollout"]["w_bits"], matched["rollout"]["a_bits"], matched["rollout"]["kv_bits"]) == (4, 4, 4)
+    assert matched["algo"]["budget"] == float("inf") and matched["algo"]["correction"] == "interq"
+    natural = yaml.safe_load((tmp_path / "q-interq-s0" / "config.yaml").read_text())
+    assert natural["rollout"]["w_bits"] == 8 and natural["algo"]["budget"] == 0.5
+    assert res["regimes"]["matched"]["bf16"] == res["regimes"]["natural"]["bf16"]
+    md = (tmp_path / "compare.md").read_text()
+    assert "Regime `matched`" in md and "95% CI" in md
+    assert (tmp_path / "curves_matched.png").is_file() and (tmp_path / "mismatch_natural.png").is_file()
+
+
+def test_compare_rejects_an_unknown_regime_before_any_work(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "--out", str(tmp_path), "--regimes", "natural,extreme", *TOY])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "extreme" in err and "matched" in err
     assert not (tmp_path / "warm_start").exists()

@@ -42,6 +42,17 @@ DEMO_OVERRIDES = [
 ]
 
 
+# Executor regimes of the comparison study (issue 11 item 4). ``natural``: the arms' own W8A8-KV8 executor.
+# ``matched``: a W4A4-KV4 executor, whose mismatch profile on the tiny household policy (per-token |delta|, growth of
+# the prefix log-ratio, share of rows where InterQ's budget binds) is within a factor 2 of a warm-started
+# SmolLM2-135M's W8A8-KV8 profile (docs/results.md, measured with ``interq mismatch``). A regime changes only the
+# quantized (w8a8) arms; an arm with another executor (bf16) is the same run in every regime.
+REGIMES: dict[str, list[str]] = {
+    "natural": [],
+    "matched": ["rollout.w_bits=4", "rollout.a_bits=4", "rollout.kv_bits=4"],
+}
+
+
 def _load(preset: str, overrides: list[str]):
     try:
         return build_config(preset, overrides)
@@ -53,9 +64,15 @@ def _load(preset: str, overrides: list[str]):
 def arm_config(arm: str, overrides: list[str]):
     """An arm's config: a preset name (the five arms of spec §4, or a YAML path), or ``q-<method>`` for any other
     correction method of spec §4, which is q-interq's setting (W8A8-KV8 executor, aligned learner) with that
-    method: ``q-icepop``, ``q-prefix_is``, ``q-interq_uniform``, ..."""
+    method: ``q-icepop``, ``q-prefix_is``, ``q-interq_uniform``, ... A suffix ``-B<budget>`` sets InterQ's
+    budget: ``q-interq-B0.25``, ``q-interq-Binf``."""
+    import re
+
     from interq.train.config import CORRECTIONS, preset_names
 
+    m = re.fullmatch(r"(.+)-B([0-9]*\.?[0-9]+(?:e-?[0-9]+)?|inf)", arm)
+    if m and arm not in preset_names():
+        return arm_config(m.group(1), [f"algo.budget={m.group(2)}", f"name={arm}", *overrides])
     if arm in preset_names() or arm.endswith((".yaml", ".yml")):
         return _load(arm, overrides)
     method = arm[2:] if arm.startswith("q-") else ""
@@ -66,37 +83,98 @@ def arm_config(arm: str, overrides: list[str]):
     return _load("q-interq", [f"algo.correction={method}", f"name={arm}", *overrides])
 
 
-def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path, log=print, fresh: bool = False) -> dict:
-    """Shared warm start, then one RL run per (arm, seed). Returns {arm: [records per seed]} and the warm start.
+def _train_one(cfg_dict: dict, run_dir: str, policy_dir: str) -> list[dict]:
+    """One RL run in a worker process (``--jobs``): plain arguments in, the run's step records out."""
+    from interq.train.config import RunConfig, from_dict
+    from interq.train.pipeline import run_training
 
-    Before any work, every arm's config is validated and the warm start and every run directory are checked
+    return run_training(from_dict(RunConfig, cfg_dict), run_dir, policy_dir)
+
+
+def plan_runs(arms: list[str], seeds: list[int], overrides: list[str], regimes: list[str]) -> dict:
+    """Every (regime, arm, seed) of a comparison -> (run directory name, config). Validates all of them first.
+
+    The ``natural`` regime's run of arm A, seed s lives in ``A-s<s>``; another regime's quantized run in
+    ``A@<regime>-s<s>``; an arm whose executor is not quantized (bf16) is one run shared by every regime."""
+    unknown = [r for r in regimes if r not in REGIMES]
+    if unknown or not regimes:
+        print(f"interq: invalid configuration: --regimes {unknown or regimes}: accepted {list(REGIMES)}", file=sys.stderr)
+        raise SystemExit(2)
+    plan = {}
+    for regime in regimes:
+        for arm in arms:
+            quantized = arm_config(arm, overrides).rollout.executor == "w8a8"
+            label = arm if regime == "natural" or not quantized else f"{arm}@{regime}"
+            for seed in seeds:
+                extra = REGIMES[regime] if quantized else []
+                cfg = arm_config(arm, [*overrides, *extra, f"train.seed={seed}", f"name={label}-s{seed}"])
+                plan[(regime, arm, seed)] = (f"{label}-s{seed}", cfg)
+    return plan
+
+
+def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path, log=print, fresh: bool = False,
+             regimes: list[str] | None = None, jobs: int = 1, report_only: bool = False) -> dict:
+    """Shared warm start, then one RL run per (regime, arm, seed), ``jobs`` at a time.
+
+    Returns ``{"by_regime": {regime: {arm: [records per seed]}}, "runs": <the first regime's>, ...}``. Before any
+    work, every arm's config is validated and the warm start and every run directory are checked
     (:mod:`interq.train.provenance`): one :class:`~interq.train.provenance.StaleResultError` names all that differ,
-    or with ``fresh`` each of them is moved aside and started again."""
+    or with ``fresh`` each of them is moved aside and started again. ``report_only``: run nothing, read what the
+    run directories hold (a run may be partial: its records end at the last logged step)."""
+    from interq.train.logging import read_jsonl
     from interq.train.pipeline import prepare_policy, run_training
     from interq.train.provenance import run_differences, settle, warm_start_differences, warm_start_identity
 
+    regimes = regimes or ["natural"]
     base = _load("household", overrides)
-    for arm in arms:  # validate every arm before any work
-        arm_config(arm, overrides)
-    cfgs = {(arm, seed): arm_config(arm, [*overrides, f"train.seed={seed}", f"name={arm}-s{seed}"])
-            for arm in arms for seed in seeds}
+    plan = plan_runs(arms, seeds, overrides, regimes)
+    unique = {name: cfg for name, cfg in plan.values()}
     start_policy = warm_start_identity(base)
     settle([(out / "warm_start", warm_start_differences(base, out / "warm_start")),
-            *((out / f"{arm}-s{seed}", run_differences(cfg, out / f"{arm}-s{seed}", start_policy))
-              for (arm, seed), cfg in cfgs.items())], fresh, log)
-    t0 = time.perf_counter()
-    policy_dir, summary = prepare_policy(base, out / "warm_start", log=log)
-    warm_s = time.perf_counter() - t0
-    log(f"[warm start] {summary['policy']} ({warm_s:.0f}s)")
-    runs: dict[str, list[list[dict]]] = {}
-    for (arm, seed), cfg in cfgs.items():
-        ts = time.perf_counter()
-        recs = run_training(cfg, out / f"{arm}-s{seed}", policy_dir, log=log)
-        runs.setdefault(arm, []).append(recs)
-        ev = [r for r in recs if "eval/success" in r]
-        log(f"[{arm} seed {seed}] held-out success {ev[0]['eval/success']:.3f} -> {ev[-1]['eval/success']:.3f} "
-            f"({time.perf_counter() - ts:.0f}s)")
-    return {"runs": runs, "warm_start_s": warm_s, "policy": summary}
+            *((out / name, run_differences(cfg, out / name, start_policy)) for name, cfg in unique.items())],
+           fresh and not report_only, log)
+    records: dict[str, list[dict]] = {}
+    warm_s, summary = 0.0, {}
+    if report_only:
+        records = {name: read_jsonl(out / name / "metrics.jsonl") for name in unique}
+        if (out / "warm_start" / "policy_summary.json").is_file():
+            summary = json.loads((out / "warm_start" / "policy_summary.json").read_text())
+    else:
+        t0 = time.perf_counter()
+        policy_dir, summary = prepare_policy(base, out / "warm_start", log=log)
+        warm_s = time.perf_counter() - t0
+        log(f"[warm start] {summary['policy']} ({warm_s:.0f}s)")
+
+        def done(name: str, recs: list[dict], ts: float) -> None:
+            records[name] = recs
+            ev = _evals(recs)
+            log(f"[{name}] held-out success {ev[0][1]:.3f} -> {ev[-1][1]:.3f} ({time.perf_counter() - ts:.0f}s)" if ev
+                else f"[{name}] done ({time.perf_counter() - ts:.0f}s)")
+
+        if jobs <= 1:
+            for name, cfg in unique.items():
+                ts = time.perf_counter()
+                done(name, run_training(cfg, out / name, policy_dir, log=log), ts)
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            from interq.train.config import to_dict
+
+            ts = time.perf_counter()
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+                futs = {name: pool.submit(_train_one, to_dict(cfg), str(out / name), str(policy_dir))
+                        for name, cfg in unique.items()}
+                for name, fut in futs.items():
+                    done(name, fut.result(), ts)
+    by_regime: dict[str, dict[str, list[list[dict]]]] = {}
+    for (regime, arm, _seed), (name, _cfg) in plan.items():
+        if records.get(name):
+            by_regime.setdefault(regime, {}).setdefault(arm, []).append(records[name])
+    targets = {name: cfg.train.steps for name, cfg in unique.items()}
+    progress = {name: (max((r.get("step", 0) for r in records.get(name, [])), default=None), targets[name]) for name in unique}
+    return {"by_regime": by_regime, "runs": by_regime.get(regimes[0], {}), "warm_start_s": warm_s, "policy": summary,
+            "progress": progress}
 
 
 def _evals(recs: list[dict]) -> list[tuple[int, float]]:
@@ -121,17 +199,33 @@ def _fwd_per_step(recs: list[dict]) -> float:
     return _mean([r["learner/forward_passes"] for r in recs if "learner/forward_passes" in r])
 
 
+def _final_outcomes(recs: list[dict]) -> list[int] | None:
+    """Per-episode outcomes (0/1) of the run's last held-out evaluation, or None if it did not log them."""
+    last = [r for r in recs if "eval/success" in r][-1:]
+    out = last[0].get("eval/outcomes") if last else None
+    return [int(c) for c in out] if isinstance(out, str) and out else None
+
+
 def summarize(runs: dict, threshold: float) -> dict:
+    """Per arm: success before/final/best over seeds, ``ci95`` (Wilson interval of the final success pooled over
+    seeds x held-out episodes), steps to ``threshold``, late regression (best minus final), costs, mismatch."""
+    from interq.train.stats import wilson_interval
+
     out = {}
     for arm, seed_runs in runs.items():
         finals = [_evals(r)[-1][1] for r in seed_runs]
         befores = [_evals(r)[0][1] for r in seed_runs]
         bests = [max(s for _, s in _evals(r)) for r in seed_runs]
         reach = [next((st for st, s in _evals(r) if s >= threshold), None) for r in seed_runs]
+        outcomes = [_final_outcomes(r) for r in seed_runs]
+        pooled = [x for o in outcomes if o for x in o] if all(outcomes) else []
         out[arm] = {
             "success_before": _mean(befores),
             "success_final_mean": _mean(finals), "success_final_std": _std(finals),
+            "ci95": list(wilson_interval(sum(pooled), len(pooled))) if pooled else None,
+            "eval_episodes": len(pooled),
             "success_best": _mean(bests),
+            "final_steps": [_evals(r)[-1][0] for r in seed_runs],
             "steps_to_threshold": _mean(reach) if any(x is not None for x in reach) else None,
             "reached_threshold": sum(x is not None for x in reach), "seeds": len(seed_runs),
             "late_regression": _mean([b - f for b, f in zip(bests, finals)]),
@@ -139,21 +233,65 @@ def summarize(runs: dict, threshold: float) -> dict:
             "learner_forward_passes_per_step": _fwd_per_step([x for r in seed_runs for x in r]),
             "abs_delta_mean": _mean([x.get("mismatch/abs_delta_mean") for r in seed_runs for x in r]),
             "k3": _mean([x.get("mismatch/k3") for r in seed_runs for x in r]),
+            "budget_bound_frac": _mean([x.get("interq/budget_bound_frac") for r in seed_runs for x in r]),
         }
     return out
 
 
+# the paper's claims, as paired differences of final held-out success (arm minus reference)
+PAIRS = (("q-interq", "q-tis"), ("q-interq", "q-align"), ("q-interq", "bf16"), ("q-align", "bf16"),
+         ("q-tis", "bf16"), ("q-naive", "bf16"))
+
+
+def paired_differences(runs: dict) -> dict:
+    """``"A - B" -> {"diff", "ci95", ...}`` for the pairs of :data:`PAIRS` and every other arm against q-interq, where
+    both arms have the same seeds with per-episode outcomes of the same final step (episode i is the same task and
+    sampling seed in every arm, :func:`interq.train.rl.evaluate`)."""
+    from interq.train.stats import paired_difference
+
+    def finals(arm):
+        rs = runs.get(arm) or []
+        return [(_evals(r)[-1][0], _final_outcomes(r)) for r in rs]
+
+    pairs = list(PAIRS) + [(a, "q-interq") for a in runs if a not in {x for pr in PAIRS for x in pr}]
+    out = {}
+    for a, b in pairs:
+        fa, fb = finals(a), finals(b)
+        if not fa or len(fa) != len(fb) or any(o is None for _, o in fa + fb):
+            continue
+        if len({st for st, _ in fa + fb}) != 1 or len({len(o) for _, o in fa + fb}) != 1:
+            continue  # unequal final steps (a partial run) or held-out sets: not comparable episode by episode
+        res = paired_difference([o for _, o in fa], [o for _, o in fb])
+        out[f"{a} - {b}"] = {"diff": round(res["diff"], 4), "ci95": [round(x, 4) for x in res["ci95"]],
+                             "seeds": res["n_seeds"], "episodes": res["n_episodes"]}
+    return out
+
+
 def markdown_table(summary: dict, threshold: float) -> str:
-    head = ("| arm | success before | final success (mean ± std) | best | steps to "
-            f"{threshold:.2f} | late regression | learner fwd/step | mean abs delta | wall s |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| arm | seeds | final step | success before | final success (mean ± std) | 95% CI (pooled) | best | steps to "
+            f"{threshold:.2f} | late regression | learner fwd/step | mean abs delta | budget binds | wall s |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = []
     for arm, s in summary.items():
         reach = "never" if s["steps_to_threshold"] is None else f"{s['steps_to_threshold']:.1f} ({s['reached_threshold']}/{s['seeds']})"
-        rows.append(f"| {arm} | {s['success_before']:.3f} | {s['success_final_mean']:.3f} ± {s['success_final_std']:.3f} | "
+        ci = "n/a" if not s.get("ci95") else f"[{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}] (n={s['eval_episodes']})"
+        steps = sorted(set(s.get("final_steps") or []))
+        bound = s.get("budget_bound_frac")
+        rows.append(f"| {arm} | {s['seeds']} | {'/'.join(map(str, steps))} | {s['success_before']:.3f} | "
+                    f"{s['success_final_mean']:.3f} ± {s['success_final_std']:.3f} | {ci} | "
                     f"{s['success_best']:.3f} | {reach} | {s['late_regression']:.3f} | "
-                    f"{s['learner_forward_passes_per_step']:.1f} | {s['abs_delta_mean']:.4f} | {s['wall_s']:.0f} |")
+                    f"{s['learner_forward_passes_per_step']:.1f} | {s['abs_delta_mean']:.4f} | "
+                    f"{'-' if bound is None or math.isnan(bound) else f'{bound:.2f}'} | {s['wall_s']:.0f} |")
     return head + "\n".join(rows) + "\n"
+
+
+def paired_table(paired: dict) -> str:
+    if not paired:
+        return ""
+    rows = [f"| {k} | {v['diff']:+.3f} | [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}] | {v['seeds']} x {v['episodes']} |"
+            for k, v in paired.items()]
+    return ("| paired difference (final held-out success) | mean | 95% CI (tasks resampled) | seeds x episodes |\n"
+            "|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def plot_curves(runs: dict, path: Path, title: str) -> None:
@@ -258,40 +396,80 @@ def demo_main(argv: list[str]) -> int:
     return 0
 
 
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 def compare_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="interq compare", description="the five arms (or --arms) over several seeds")
+    p = argparse.ArgumentParser(prog="interq compare", description="the five arms (or --arms) over several seeds and "
+                                "executor regimes; markdown table with 95%% intervals, paired differences, learning "
+                                "curves, mismatch plots; ends with RESULT {json}")
     _common_args(p, "runs/compare")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated presets (default: {','.join(ARMS)})")
     p.add_argument("--methods", default="", help="extra arms: comma-separated correction methods, each run as "
                    "q-interq's setting with that method (arm q-<method>), e.g. icepop,prefix_is,interq_uniform")
+    p.add_argument("--budgets", default="", help="extra arms: comma-separated InterQ budgets B, each run as q-interq "
+                   "with algo.budget=B (arm q-interq-B<B>), e.g. 0.1,0.25,1,inf")
+    p.add_argument("--regimes", default="natural", help=f"comma-separated executor regimes {list(REGIMES)} "
+                   "(default: natural); a regime changes only the quantized arms, bf16 runs once")
     p.add_argument("--seeds", default="0,1", help="comma-separated RL seeds (default: 0,1)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time, one process each (default: 1)")
+    p.add_argument("--report-only", action="store_true", help="train nothing: tabulate what the run directories "
+                   "hold now (partial runs are marked by their final step)")
     p.add_argument("--no-demo-defaults", action="store_true", help="do not apply the demo's small settings first")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    arms += [f"q-{m.strip()}" for m in args.methods.split(",") if m.strip() and f"q-{m.strip()}" not in arms]
+    arms = _csv(args.arms)
+    arms += [a for a in (f"q-{m}" for m in _csv(args.methods)) if a not in arms]
+    arms += [a for a in (f"q-interq-B{b}" for b in _csv(args.budgets)) if a not in arms]
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        seeds = [int(s) for s in _csv(args.seeds)]
     except ValueError:
         print(f"interq compare: --seeds={args.seeds!r}: expected comma-separated integers", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        print(f"interq compare: --jobs={args.jobs}: expected an integer >= 1", file=sys.stderr)
+        return 2
+    regimes = _csv(args.regimes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = ([] if args.no_demo_defaults else DEMO_OVERRIDES) + list(args.overrides)
-    res = run_arms(arms, seeds, overrides, out, fresh=args.fresh)
-    summary = summarize(res["runs"], args.threshold)
-    table = markdown_table(summary, args.threshold)
+    res = run_arms(arms, seeds, overrides, out, fresh=args.fresh, regimes=regimes, jobs=args.jobs,
+                   report_only=args.report_only)
+    missing = [n for n, (done, target) in res["progress"].items() if done is None or done < target]
     budget = _load("q-interq", overrides).algo.budget
-    plot_curves(res["runs"], out / "curves.png", "compare")
-    curves = plot_mismatch(res["runs"], out / "mismatch.png", budget)
     cmd = "interq compare " + " ".join(argv)
-    (out / "compare.md").write_text(f"Command: `{cmd}`\n\n{table}\n![curves](curves.png)\n![mismatch](mismatch.png)\n")
-    (out / "summary.json").write_text(json.dumps({"summary": summary, "accumulation": curves}, indent=1, default=str))
-    print(table)
-    result = {"total_wall_s": round(time.perf_counter() - t0, 1), "seeds": seeds,
-              **{a: {"final_mean": round(s["success_final_mean"], 4), "final_std": round(s["success_final_std"], 4),
-                     "best": round(s["success_best"], 4), "late_regression": round(s["late_regression"], 4),
-                     "learner_forward_passes_per_step": round(s["learner_forward_passes_per_step"], 3)}
-                 for a, s in summary.items()}}
+    md = [f"Command: `{cmd}`\n"]
+    if missing:
+        md.append(f"**Partial**: {len(missing)} of {len(res['progress'])} runs have not reached their last step: "
+                  + ", ".join(f"{n} ({res['progress'][n][0] if res['progress'][n][0] is not None else 'not started'}"
+                              f"/{res['progress'][n][1]})" for n in missing) + "\n")
+    result = {"total_wall_s": round(time.perf_counter() - t0, 1), "seeds": seeds, "partial": bool(missing),
+              "regimes": {}, "paired": {}}
+    dump = {"regimes": {}, "paired": {}, "accumulation": {}, "progress": res["progress"]}
+    for regime, runs in res["by_regime"].items():
+        summary = summarize(runs, args.threshold)
+        paired = paired_differences(runs)
+        sfx = "" if regimes == ["natural"] else f"_{regime}"
+        plot_curves(runs, out / f"curves{sfx}.png", f"compare ({regime})")
+        curves = plot_mismatch(runs, out / f"mismatch{sfx}.png", budget)
+        table = markdown_table(summary, args.threshold)
+        md += [f"## Regime `{regime}`: {' '.join(REGIMES[regime]) or 'the arms as configured (W8A8-KV8)'}\n", table,
+               paired_table(paired), f"![curves](curves{sfx}.png)\n![mismatch](mismatch{sfx}.png)\n"]
+        print(f"regime {regime}\n{table}{paired_table(paired)}")
+        dump["regimes"][regime], dump["paired"][regime], dump["accumulation"][regime] = summary, paired, curves
+        result["regimes"][regime] = {a: {"final_mean": round(s["success_final_mean"], 4),
+                                         "final_std": round(s["success_final_std"], 4),
+                                         "ci95": None if s["ci95"] is None else [round(x, 4) for x in s["ci95"]],
+                                         "best": round(s["success_best"], 4),
+                                         "late_regression": round(s["late_regression"], 4), "seeds": s["seeds"],
+                                         "final_steps": s["final_steps"],
+                                         "learner_forward_passes_per_step": round(s["learner_forward_passes_per_step"], 3)}
+                                     for a, s in summary.items()}
+        result["paired"][regime] = paired
+    (out / "compare.md").write_text("\n".join(md))
+    (out / "summary.json").write_text(json.dumps(dump, indent=1, default=str))
+    if missing:
+        print(f"partial: {len(missing)} runs not finished ({', '.join(missing)})")
     print("RESULT " + json.dumps(result, sort_keys=True))
     return 0
