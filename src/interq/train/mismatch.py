@@ -55,6 +55,21 @@ def episode_plan(train_tasks, cfg: RunConfig, episodes: int) -> list[tuple[list,
     return plan
 
 
+class _StepCounter:
+    """A pass-through environment that reports each ``step`` (progress lines while a long batch plays)."""
+
+    def __init__(self, env, on_step) -> None:
+        self._env, self._on_step = env, on_step
+
+    def step(self, action):
+        out = self._env.step(action)
+        self._on_step()
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+
 def profile_metrics(proximal: torch.Tensor, batch: rl.Batch, cfg: RunConfig, budget: float) -> dict[str, float]:
     """The flat metrics of one learner's log-probs on the batch: ``compute_correction("interq")``'s (spec §7 names,
     as the trainer logs them) plus ``interq_turn_profile``'s per-turn curves. proximal [B, L]."""
@@ -132,7 +147,16 @@ def mismatch_profile(model, tokenizer, cfg: RunConfig, tasks, *, episodes: int =
     played = []
     for step, (ts, seeds, groups) in enumerate(plan, start=1):
         ts0 = time.perf_counter()
-        eps = rl.rollout(engine, fmt, make_env, ts, seeds, groups, sampling, cfg)
+        turns, last = [0], [ts0]
+
+        def on_step() -> None:  # a line every 30 s while a batch plays (SmolLM2 on a CPU: minutes)
+            turns[0] += 1
+            if time.perf_counter() - last[0] >= 30:
+                last[0] = time.perf_counter()
+                log(f"[mismatch] step-{step} tasks: {turns[0]} turns played (at most {len(ts) * cfg.env.max_turns}; "
+                    f"{last[0] - ts0:.0f}s)")
+
+        eps = rl.rollout(engine, fmt, lambda: _StepCounter(make_env(), on_step), ts, seeds, groups, sampling, cfg)
         played += eps
         log(f"[mismatch] step-{step} tasks: {len(eps)} episodes, {sum(e.num_turns for e in eps)} turns, "
             f"success {sum(e.won for e in eps) / len(eps):.2f} ({time.perf_counter() - ts0:.1f}s; "
