@@ -315,3 +315,33 @@ def test_collate_layout_and_turn_records():
     t = trajs[1]
     assert [(s.obs_start, s.act_start, s.act_end, s.stop_reason) for s in t.turns] == [(0, 3, 5, "length"), (5, 7, 9, "length")]
     assert t.action_ids(1) == t.token_ids[7:9].tolist() and t.sampling.max_action_tokens == 2
+
+
+def test_scored_logprobs_equal_the_full_computation():
+    """sequence_logprobs(score_mask=...) projects to the vocabulary only where a row scores a token; the scored
+    values and their gradients equal the full computation's, every other position is 0."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from interq.rollout import sequence_logprobs
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=8))
+    ids = torch.randint(0, 97, (3, 12))  # [B, L]
+    attn = torch.ones_like(ids)
+    attn[1, 9:] = 0  # right padding
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[0, 10:] = True
+    mask[1, 3:5] = True
+    mask[1, 10] = True  # on padding: not scored
+    mask[2, 0] = True   # no prefix: not scored
+    full = sequence_logprobs(model, ids, attn, temperature=0.7, top_p=0.9)  # [B, L]
+    part = sequence_logprobs(model, ids, attn, temperature=0.7, top_p=0.9, score_mask=mask)  # [B, L]
+    scored = mask & attn.bool()
+    scored[:, 0] = False
+    torch.testing.assert_close(part[scored], full[scored], rtol=0, atol=1e-6)
+    assert (part[~scored] == 0).all()
+    g_full = torch.autograd.grad(full[scored].sum(), model.model.embed_tokens.weight)[0]
+    g_part = torch.autograd.grad(part[scored].sum(), model.model.embed_tokens.weight)[0]
+    torch.testing.assert_close(g_part, g_full, rtol=1e-5, atol=1e-6)

@@ -106,8 +106,14 @@ def sequence_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
     rows_per_chunk: int = 4,
+    score_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Learner log-probs of every token given its prefix, aligned like ``behavior_logprobs``. -> [B, L] fp32.
+
+    ``score_mask`` ([B, L] bool, optional): only these tokens are scored, every other position is 0. The model
+    then projects to the vocabulary only at the sequence positions some row scores (HF ``logits_to_keep``), which
+    saves most of the lm-head and log-softmax work when, as in RL, few tokens of long prompts are actions; the
+    scored values equal the full computation's.
 
     ``out[b, l] = log p(token_ids[b, l] | token_ids[b, :l])`` under the same transform the executor sampled
     with (pass the trajectory's ``sampling.temperature``, and top_k / top_p if you want the truncated
@@ -122,6 +128,8 @@ def sequence_logprobs(
         attention_mask = torch.ones_like(token_ids)  # [B, L]
     attention_mask = attention_mask.to(token_ids.device)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, L]
+    if score_mask is not None:
+        return _scored_logprobs(model, token_ids, attention_mask, position_ids, score_mask, temperature, top_k, top_p)
     logits = model(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids).logits  # [B, L, V]
     pieces = []
     for start in range(0, token_ids.shape[0], rows_per_chunk):
@@ -132,3 +140,20 @@ def sequence_logprobs(
     shifted = torch.where(attention_mask[:, 1:].bool(), shifted, torch.zeros_like(shifted))  # [B, L-1]
     first = torch.zeros_like(shifted[:, :1])  # [B, 1]
     return torch.cat([first, shifted], dim=1)  # [B, L]
+
+
+def _scored_logprobs(model, token_ids, attention_mask, position_ids, score_mask, temperature, top_k, top_p):
+    """:func:`sequence_logprobs` restricted to ``score_mask``: logits only at the positions predicting a scored token."""
+    scored = score_mask.to(token_ids.device).bool() & attention_mask.bool()  # [B, L]
+    scored[:, 0] = False  # the first token has no prefix
+    keep = scored[:, 1:].any(0).nonzero().squeeze(-1)  # [K] positions l-1 whose next token some row scores
+    out = torch.zeros(token_ids.shape, dtype=torch.float32, device=token_ids.device)  # [B, L]
+    if keep.numel() == 0:
+        return out
+    logits = model(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   logits_to_keep=keep).logits  # [B, K, V]
+    logp = transformed_logprobs(logits, temperature, top_k, top_p)  # [B, K, V]
+    targets = token_ids[:, keep + 1]  # [B, K]
+    vals = logp.gather(-1, targets[..., None]).squeeze(-1)  # [B, K]
+    vals = torch.where(scored[:, keep + 1], vals, torch.zeros_like(vals))  # [B, K]
+    return out.index_put((torch.arange(out.shape[0], device=out.device)[:, None], (keep + 1)[None, :]), vals)  # [B, L]

@@ -185,8 +185,9 @@ def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool
     else:
         ctx = nullcontext()
     with ctx:
+        # only action tokens are used (correction, loss, metrics): project to the vocabulary only there
         return sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature=batch.temperature,
-                                 top_p=batch.top_p)
+                                 top_p=batch.top_p, score_mask=mb["action_mask"])
 
 
 def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatch: int, align: bool,
