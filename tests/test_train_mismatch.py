@@ -193,3 +193,14 @@ def test_bad_input_rejected_before_any_work(tmp_path, capsys, args, needle):
     err = capsys.readouterr().err
     assert err.startswith("interq: invalid configuration:") and needle in err, err
     assert not out.exists()  # nothing was built or written
+
+
+def test_a_warm_start_made_from_other_inputs_is_refused_then_remade_with_fresh(tmp_path, capsys):
+    out = tmp_path / "mm"
+    assert main(["mismatch", "--preset", "q-interq", "--out", str(out), "--episodes", "2", *TOY]) == 0
+    capsys.readouterr()
+    other = [*TOY, "warm_start.steps=4"]
+    assert main(["mismatch", "--preset", "q-interq", "--out", str(out), "--episodes", "2", *other]) == 2
+    assert "warm_start.steps" in capsys.readouterr().err
+    assert main(["mismatch", "--preset", "q-interq", "--out", str(out), "--episodes", "2", "--fresh", *other]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("RESULT ")

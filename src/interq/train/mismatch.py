@@ -296,11 +296,13 @@ def main(argv: list[str]) -> int:
                     "budget binding, effective support); no training. Ends with RESULT {json}.")
     p.add_argument("--preset", default="q-interq", help="preset name or YAML path (default: q-interq)")
     p.add_argument("--policy", default=None, help="policy or checkpoint directory (default: the preset's policy, "
-                   "warm-started into <out>/warm_start, reused when there)")
+                   "warm-started into <out>/warm_start, reused when made from the same inputs)")
     p.add_argument("--episodes", type=int, default=32, help="episodes to play (default 32), sampled as training steps "
                    "1, 2, ... sample theirs (train.tasks_per_step x train.episodes_per_task per step)")
     p.add_argument("--budget", type=float, default=None, help="InterQ budget B for |Lambda| (default: algo.budget)")
     p.add_argument("--out", default=None, help="output directory (default: runs/mismatch/<name>)")
+    p.add_argument("--fresh", action="store_true", help="move a warm start in --out that was made from other inputs "
+                   "aside to <dir>.stale-<time> and make it again (default: stop and name every differing field)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. rollout.kv_format=fp8_per_token_head")
     args = p.parse_args(argv)
 
@@ -334,7 +336,7 @@ def main(argv: list[str]) -> int:
     if args.policy is not None:
         policy = args.policy
     elif cfg.model.source == "tiny" or (cfg.warm_start.enabled and cfg.warm_start.steps > 0):
-        policy, summary = prepare_policy(cfg, out / "warm_start")
+        policy, summary = prepare_policy(cfg, out / "warm_start", fresh=args.fresh)
         print(f"[warm start] policy {summary['policy']} in {summary.get('seconds', 0):.0f}s", flush=True)
     else:
         policy = cfg.model.source
