@@ -129,3 +129,23 @@ def test_bit_widths_reach_the_executor_quant_config():
     assert build_config("q-interq", ["rollout.w_bits=5.0"]).rollout.w_bits == 5  # an integral YAML float is an int
     names = [n for n, _, _ in describe()]
     assert {"rollout.w_bits", "rollout.a_bits", "rollout.kv_bits"} <= set(names)
+
+
+@pytest.mark.parametrize("override, field", [
+    ("optim.lr=inf", "optim.lr"), ("rollout.temperature=inf", "rollout.temperature"),
+    ("algo.gigpo_omega=inf", "algo.gigpo_omega"), ("train.eval_temperature=.inf", "train.eval_temperature"),
+    ("optim.lr=nan", "optim.lr"), ("optim.max_nonfinite_steps=0", "optim.max_nonfinite_steps"),
+    ("env.invalid_action_penalty=inf", "env.invalid_action_penalty"),
+])
+def test_infinite_or_nan_values_are_rejected_before_any_work(override, field):
+    from interq.train.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        build_config("q-interq", [override])
+
+
+def test_caps_and_budget_may_be_infinite():
+    from interq.train.config import build_config
+
+    cfg = build_config("q-interq", ["algo.budget=inf", "algo.tis_cap=inf", "algo.prefix_cap=inf"])
+    assert cfg.algo.budget == float("inf")

@@ -142,3 +142,51 @@ def test_update_raises_the_advantage_weighted_logprob(policy_dir, arm, extra):
     m, _ = _update(cfg, model, ex, batch, ["optim.lr=1e-3"])
     after = objective(m)
     assert after > before + 1e-3, (before, after)
+
+
+@pytest.mark.parametrize("where", ["behavior", "loss", "gradient"])
+def test_nonfinite_updates_are_skipped_and_counted(policy_dir, where, monkeypatch):
+    """NaN in behaviour log-probs, in the loss or in one gradient: the weights never become NaN; a skipped optimizer
+    step is counted (optim/nonfinite_steps); NaN behaviour log-probs only drop those tokens."""
+    from interq.algo import loss as loss_mod
+    from interq.train import rl
+
+    cfg, model, ex, batch = _setup("q-interq", policy_dir, ["algo.layout=per_turn", "rollout.history_turns=1"])
+    if where == "behavior":
+        batch.behavior_logprobs = batch.behavior_logprobs.clone()
+        batch.behavior_logprobs[0][batch.action_mask[0]] = float("nan")
+    elif where == "loss":
+        orig = loss_mod.ppo_loss
+        monkeypatch.setattr(loss_mod, "ppo_loss", lambda *a, **k: (lambda out: (out[0] * float("nan"), out[1]))(orig(*a, **k)))
+    else:
+        orig_init = rl.Learner.__init__
+
+        def init(self, m, *a, **k):
+            orig_init(self, m, *a, **k)
+            next(m.parameters()).register_hook(lambda g: g * float("inf"))
+
+        monkeypatch.setattr(rl.Learner, "__init__", init)
+    before = [p.detach().clone() for p in model.parameters()]
+    m, rec = _update(cfg, model, ex, batch)
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+    if where == "behavior":
+        assert rec["optim/nonfinite_steps"] == 0 and rec["optim/steps"] == 1
+        assert any(not torch.equal(a, b) for a, b in zip(before, m.parameters()))
+    else:
+        assert rec["optim/nonfinite_steps"] == 1 and rec["optim/steps"] == 0
+        assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))  # the step was skipped
+
+
+def test_run_stops_cleanly_after_repeated_nonfinite_steps(policy_dir, tmp_path, monkeypatch, capsys):
+    from interq.algo import loss as loss_mod
+    from interq.cli import main
+
+    orig = loss_mod.ppo_loss
+    monkeypatch.setattr(loss_mod, "ppo_loss", lambda *a, **k: (lambda out: (out[0] * float("nan"), out[1]))(orig(*a, **k)))
+    code = main(["train", "--preset", "q-interq", "--policy", str(policy_dir), "--out", str(tmp_path / "run"), *TOY,
+                 "train.steps=5", "optim.max_nonfinite_steps=2", "train.eval_every_steps=0", "train.checkpoint_every_steps=1"])
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "2 steps in a row" in err and "max_nonfinite_steps" in err
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2] and all(r["optim/nonfinite_steps"] == 1 for r in recs)

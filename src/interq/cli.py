@@ -125,12 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         parser.error(f"unknown command {argv[0]!r}; accepted: {', '.join(sorted(COMMANDS))}")
     from interq.train.provenance import StaleResultError
+    from interq.train.config import NonFiniteTrainingError
 
     try:
         return COMMANDS[argv[0]][0](argv[1:])
     except StaleResultError as e:  # an existing result of other inputs: nothing was run (see --fresh)
         print(f"interq: {e}", file=sys.stderr)
         return 2
+    except NonFiniteTrainingError as e:  # stopped cleanly: metrics and checkpoints up to the last good step are kept
+        print(f"interq: training stopped: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -41,6 +41,11 @@ class ConfigError(ValueError):
     """An invalid configuration value; the message names the field and what is accepted."""
 
 
+class NonFiniteTrainingError(RuntimeError):
+    """``optim.max_nonfinite_steps`` RL steps in a row had a non-finite loss or gradient (each update was skipped,
+    so the weights are those of the last good step)."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The policy. ``source="tiny"`` builds a small Qwen3 / Qwen3-MoE from the fields below and a tokenizer
@@ -147,6 +152,7 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0
+    max_nonfinite_steps: int = 3        # a non-finite loss or gradient skips the optimizer step; this many in a row stop the run
 
 
 @dataclass(frozen=True)
@@ -328,10 +334,13 @@ def _one_of(path: str, value: Any, allowed: tuple) -> None:
         raise ConfigError(f"{path}={value!r} is not accepted; choose one of {list(allowed)}")
 
 
-def _positive(path: str, value: float, allow_zero: bool = False) -> None:
+def _positive(path: str, value: float, allow_zero: bool = False, allow_inf: bool = False) -> None:
+    """``value`` > 0 (or >= 0), not NaN, and finite unless ``allow_inf`` (a cap or budget where inf means "none")."""
     ok = value >= 0 if allow_zero else value > 0
     if not ok or (isinstance(value, float) and math.isnan(value)):
         raise ConfigError(f"{path}={value!r} is not accepted; it must be {'>= 0' if allow_zero else '> 0'}")
+    if not allow_inf and isinstance(value, float) and math.isinf(value):
+        raise ConfigError(f"{path}={value!r} is not accepted; it must be a finite number")
 
 
 def _in_range(path: str, value: float, lo: float, hi: float) -> None:
@@ -410,16 +419,16 @@ def validate(cfg: RunConfig) -> None:
     _one_of("algo.layout", a.layout, LAYOUTS)
     _one_of("algo.advantage", a.advantage, ADVANTAGES)
     _one_of("algo.loss_agg", a.loss_agg, LOSS_AGGS)
-    _positive("algo.budget", a.budget, allow_zero=True)
-    _positive("algo.tis_cap", a.tis_cap)
-    _positive("algo.prefix_cap", a.prefix_cap)
+    _positive("algo.budget", a.budget, allow_zero=True, allow_inf=True)  # inf: no bound (raw prefix)
+    _positive("algo.tis_cap", a.tis_cap, allow_inf=True)
+    _positive("algo.prefix_cap", a.prefix_cap, allow_inf=True)
     _in_range("algo.gigpo_gamma", a.gigpo_gamma, 0.0, 1.0)
     _positive("algo.gigpo_omega", a.gigpo_omega, allow_zero=True)
     for lo, hi in (("icepop_low", "icepop_high"), ("geo_low", "geo_high")):
         if not 0 < getattr(a, lo) <= getattr(a, hi):
             raise ConfigError(f"algo.{lo}={getattr(a, lo)} and algo.{hi}={getattr(a, hi)}: need 0 < low <= high")
     _in_range("algo.clip_eps_low", a.clip_eps_low, 0.0, 1.0)
-    _positive("algo.clip_eps_high", a.clip_eps_high, allow_zero=True)
+    _positive("algo.clip_eps_high", a.clip_eps_high, allow_zero=True, allow_inf=True)
     _positive("algo.ppo_epochs", a.ppo_epochs)
     _positive("algo.minibatches_per_step", a.minibatches_per_step)
     if a.align and r.executor != "w8a8":
@@ -430,7 +439,8 @@ def validate(cfg: RunConfig) -> None:
     _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     _in_range("optim.beta1", o.beta1, 0.0, 0.999999)
     _in_range("optim.beta2", o.beta2, 0.0, 0.999999)
-    _positive("optim.grad_clip", o.grad_clip, allow_zero=True)
+    _positive("optim.grad_clip", o.grad_clip, allow_zero=True)  # 0: no clipping
+    _positive("optim.max_nonfinite_steps", o.max_nonfinite_steps)
 
     t = cfg.train
     _positive("train.steps", t.steps, allow_zero=True)
@@ -439,8 +449,6 @@ def validate(cfg: RunConfig) -> None:
     if a.advantage in ("grpo", "gigpo") and t.episodes_per_task < 2:
         raise ConfigError(f"train.episodes_per_task={t.episodes_per_task} is not accepted with algo.advantage={a.advantage!r}: a group needs >= 2 episodes")
     _positive("train.tokens_per_microbatch", t.tokens_per_microbatch)
-    if t.tokens_per_microbatch < r.max_context_tokens and a.layout == "concatenated":
-        pass  # a longer row simply forms its own micro-batch
     _positive("train.eval_every_steps", t.eval_every_steps, allow_zero=True)
     _positive("train.eval_episodes_per_task", t.eval_episodes_per_task)
     _positive("train.eval_temperature", t.eval_temperature, allow_zero=True)  # 0: greedy
@@ -469,7 +477,7 @@ def describe(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, An
 
 
 __all__ = [
-    "ARMS", "AlgoConfig", "ConfigError", "EnvConfig", "ModelConfig", "OptimConfig", "RolloutConfig",
+    "ARMS", "AlgoConfig", "ConfigError", "NonFiniteTrainingError", "EnvConfig", "ModelConfig", "OptimConfig", "RolloutConfig",
     "RunConfig", "TrainConfig", "WarmStartConfig", "build_config", "describe", "from_dict", "load_config",
     "load_preset", "parse_overrides", "preset_names", "replace", "save_config", "to_dict", "validate",
     "with_overrides",

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from interq.agent.loop import Episode, make_render, play_episodes
-from interq.train.config import AlgoConfig, RunConfig
+from interq.train.config import AlgoConfig, NonFiniteTrainingError, RunConfig
 
 # ---------------------------------------------------------------------------------------------- advantages
 
@@ -236,7 +236,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     model.train()
     episodes = sorted(set(batch.row_episode))
     rng = random.Random(t.seed * 7919 + step)  # mini-batch shuffles of epochs > 0
-    stats = {"loss/policy": 0.0, "loss/clip_frac": 0.0, "optim/grad_norm": 0.0, "optim/steps": 0}
+    stats = {"loss/policy": 0.0, "loss/clip_frac": 0.0, "optim/grad_norm": 0.0, "optim/steps": 0, "optim/nonfinite_steps": 0}
     n_tok = 0
     for epoch in range(a.ppo_epochs):
         order = episodes[:] if epoch == 0 else rng.sample(episodes, len(episodes))
@@ -249,6 +249,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
             total_tokens = int(kept.sum())
             total_seqs = len({batch.row_episode[r] for r, any_kept in zip(rows_mb, kept.any(-1).tolist()) if any_kept})
             learner.optimizer.zero_grad(set_to_none=True)
+            mb_loss = 0.0
             for rows in micro_batches(batch, rows_mb, t.tokens_per_microbatch):
                 mb = _rows(batch, rows)
                 current = learner.logprobs(mb, batch)  # [b, l]
@@ -267,8 +268,14 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
                 loss.backward()
                 stats["loss/clip_frac"] += m["ppo/clip_frac"] * int(k.sum())
                 stats["loss/policy"] += float(loss.detach())
+                mb_loss += float(loss.detach())
                 n_tok += int(k.sum())
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf)
+            if not (math.isfinite(mb_loss) and math.isfinite(float(gn))):
+                # a non-finite loss or gradient never reaches the weights (nor, through the sync, the executor)
+                learner.optimizer.zero_grad(set_to_none=True)
+                stats["optim/nonfinite_steps"] += 1
+                continue
             learner.optimizer.step()
             stats["optim/grad_norm"] += float(gn)
             stats["optim/steps"] += 1
@@ -282,6 +289,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     passes = (learner.forward_rows - rows0) / max(len(all_rows), 1)
     out = {**corr.metrics, **batch.metrics, "loss/policy": stats["loss/policy"] / n_opt, "loss/clip_frac": stats["loss/clip_frac"] / max(n_tok, 1),
            "optim/grad_norm": stats["optim/grad_norm"] / n_opt, "optim/steps": stats["optim/steps"],
+           "optim/nonfinite_steps": stats["optim/nonfinite_steps"],
            "learner/forward_calls": calls, "learner/forward_passes": passes,
            "learner/proximal_pass_skipped": skip, "learner/microbatches": n_mb}
     return out
@@ -381,6 +389,7 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     if start == 0 and t.eval_every_steps:
         t0 = time.perf_counter()
         logger.log({"step": 0, **evaluate(engine, fmt, make_env, eval_tasks, cfg), "time/eval": time.perf_counter() - t0})
+    bad_in_a_row = 0  # consecutive steps whose every optimizer step was skipped (non-finite loss or gradient)
     try:
         for step in range(start + 1, t.steps + 1):
             rec: dict = {"step": step}
@@ -390,6 +399,7 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
             batch = build_batch(episodes, cfg.algo, fmt.pad_token_id)
             t1 = time.perf_counter()
             rec.update(update(learner, batch, cfg, step))
+            bad_in_a_row = bad_in_a_row + 1 if rec["optim/nonfinite_steps"] and not rec["optim/steps"] else 0
             t2 = time.perf_counter()
             sync_s = executor.sync(model)
             t3 = time.perf_counter()
@@ -402,6 +412,11 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
                 rec.update(evaluate(engine, fmt, make_env, eval_tasks, cfg))
                 rec["time/eval"] = time.perf_counter() - te
             logger.log(rec)
+            if bad_in_a_row >= cfg.optim.max_nonfinite_steps:
+                raise NonFiniteTrainingError(
+                    f"{run_dir}: {bad_in_a_row} steps in a row (to step {step}) had a non-finite loss or gradient; their "
+                    f"updates were skipped, so the weights (and the executor) are those of step {step - bad_in_a_row}; "
+                    f"see optim/nonfinite_steps in metrics.jsonl (limit: optim.max_nonfinite_steps)")
             if t.checkpoint_every_steps and (step % t.checkpoint_every_steps == 0 or step == t.steps):
                 save_checkpoint(run_dir, step, model, tokenizer, learner.optimizer, cfg)
     finally:
