@@ -121,7 +121,7 @@ def test_study_setting_resolves_for_every_arm_and_regime():
 
     plan = plan_runs(list(ARMS) + ["q-interq-B0.1", "q-prefix_is"], [0, 1, 2], SETTINGS["study"], ["natural", "matched"])
     cfg = plan[("matched", "q-interq", 2)][1]
-    assert (cfg.env.eval_split, cfg.env.num_eval_tasks, cfg.env.max_turns, cfg.train.steps) == ("valid_seen", 200, 20, 200)
+    assert (cfg.env.eval_split, cfg.env.num_eval_tasks, cfg.env.max_turns, cfg.train.steps) == ("valid_seen", 200, 12, 200)
     assert (cfg.rollout.w_bits, cfg.rollout.a_bits, cfg.rollout.kv_bits, cfg.train.seed) == (4, 4, 4, 2)
     assert plan[("matched", "bf16", 0)][0] == plan[("natural", "bf16", 0)][0] == "bf16-s0"
     assert plan[("matched", "q-interq-B0.1", 1)][1].algo.budget == 0.1
