@@ -347,9 +347,10 @@ def main(argv: list[str]) -> int:
     machine = {**machine_info(), "wall_s": wall}
     cmd = "interq mismatch " + " ".join(argv)
     e = prof["executor"]
+    bits = "" if e.get("w_bits") is None else f", W{e['w_bits']}A{e['a_bits']}-KV{e['kv_bits']}"
     header = (f"Command: `{cmd}`\n\nPolicy `{policy}`; {prof['episodes']} episodes, {prof['tokens']} action tokens, "
               f"{prof['turns']} turns max; executor {e['executor']} (w {e['w_format']}, a {e['a_format']}, kv "
-              f"{e['kv_format']}); InterQ budget B = {prof['budget']:g}; {cfg.algo.layout} rows; rollout success "
+              f"{e['kv_format']}{bits}); InterQ budget B = {prof['budget']:g}; {cfg.algo.layout} rows; rollout success "
               f"{prof['rollout']['rollout/success']:.3f}; {machine['cpu']}, {machine['threads']} threads, {wall:.0f}s.\n")
     table = markdown_report(prof, header)
     (out / "mismatch.md").write_text(table)
