@@ -1,5 +1,6 @@
 """The agent loop's pure pieces: index actions, rendering; a toy episode through the real engine."""
 
+import pytest
 import torch
 
 from interq.agent.loop import make_render, parse_index, play_episodes
@@ -46,3 +47,19 @@ def test_toy_episodes_through_the_engine_record_rewards_and_rows():
             assert ep.won == (ep.rewards[-1] >= 10 - 1e-9) or not ep.won
             for row in ep.rows:
                 assert torch.all(row.behavior_logprobs[~row.action_mask] == 0)
+
+
+@pytest.mark.parametrize("window", [0, 1, 3])
+def test_per_turn_prompt_holds_exactly_the_last_k_turns(window):
+    """rollout.history_turns=k re-renders the task, the last k (observation, action) pairs and the current
+    observation; 0 renders no earlier turn (the documented meaning)."""
+    from interq.agent.loop import make_render
+    from interq.envs.base import Observation, TaskSpec
+
+    render = make_render(True, True)
+    task = TaskSpec(env="toy", task_id="t0", split="train", task_type="x", description="reach the goal.")
+    history = [(f"obs {i}", f"act {i}") for i in range(5)]
+    text = render(task, Observation(text="now here", admissible_actions=["go"]), 5, history, window)
+    shown = [i for i in range(5) if f"obs {i}\n> act {i}" in text]
+    assert shown == list(range(5 - window, 5))
+    assert text.startswith("Task: reach the goal.") and "now here" in text and "Actions: 1 go" in text

@@ -54,6 +54,8 @@ def make_render(show_admissible: bool = True, numbered: bool = False) -> Callabl
     """A compact observation renderer (a tiny policy cannot afford verl-agent's long prompt; a pretrained chat
     model can use ``interq.envs.prompting.build_prompt`` through the ``render`` argument instead).
 
+    ``window=0`` (per_turn layout, ``rollout.history_turns=0``): the task and the current observation, no earlier turn.
+
     ``window=None`` (concatenated layout): the first turn carries the task and the observation, later turns only
     the new observation (the history is already in the context). ``window=k`` (per_turn layout): a fresh prompt
     with the task, the last k (observation, action) pairs and the current observation.

@@ -118,7 +118,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_action_tokens: int = 12
     max_context_tokens: int = 2048      # reaching it truncates the episode
-    history_turns: int = 0              # prompt window for per_turn layout (0: whole history re-rendered)
+    history_turns: int = 0              # per_turn layout: earlier (observation, action) pairs re-rendered in each prompt (0: none, the task and the current observation only, as verl-agent's history_length=0)
 
 
 @dataclass(frozen=True)
