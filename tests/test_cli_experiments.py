@@ -26,6 +26,17 @@ def test_demo_prints_table_plot_and_result(tmp_path, capsys):
         assert set(res[arm]) == {"success_before", "success_after", "wall_s", "learner_forward_passes_per_step"}
         assert res[arm]["learner_forward_passes_per_step"] == 1.0
     assert (tmp_path / "demo.png").is_file() and (tmp_path / "demo.md").is_file()
+    assert res["regime"] == "natural" and "Regime `natural`" in (tmp_path / "demo.md").read_text()
+
+
+def test_demo_in_the_matched_regime_runs_the_w4a4_kv4_executor(tmp_path, capsys):
+    import yaml
+
+    assert main(["demo", "--out", str(tmp_path), "--regime", "matched", *TOY, "train.steps=1"]) == 0
+    res = _result(capsys.readouterr().out)
+    assert res["regime"] == "matched" and "W4A4-KV4" in (tmp_path / "demo.md").read_text()
+    cfg = yaml.safe_load((tmp_path / "q-interq@matched-s0" / "config.yaml").read_text())
+    assert (cfg["rollout"]["w_bits"], cfg["rollout"]["a_bits"], cfg["rollout"]["kv_bits"]) == (4, 4, 4)
 
 
 def test_compare_writes_table_curves_and_mismatch_plot(tmp_path, capsys):
