@@ -354,7 +354,7 @@ def main(argv: list[str]) -> int:
               f"{prof['rollout']['rollout/success']:.3f}; {machine['cpu']}, {machine['threads']} threads, {wall:.0f}s.\n")
     table = markdown_report(prof, header)
     (out / "mismatch.md").write_text(table)
-    plot_profile(prof, out / "mismatch.png", f"{cfg.name}: {e['executor']} executor, {prof['episodes']} episodes")
+    plot_profile(prof, out / "mismatch.png", f"{cfg.name}: {e['executor']}{bits} executor, {prof['episodes']} episodes")
     save_config(cfg, out / "config.yaml")
     (out / "mismatch.json").write_text(json.dumps({**prof, "policy": str(policy), "command": cmd, "machine": machine},
                                                   indent=1, default=str))
