@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from interq.cli import main
 
 TOY = ["env.name=toy", "env.task_types=", "env.max_turns=3", "env.num_train_tasks=8", "env.num_eval_tasks=2",
@@ -137,3 +139,13 @@ def test_study_setting_resolves_for_every_arm_and_regime():
     assert plan[("matched", "bf16", 0)][0] == plan[("natural", "bf16", 0)][0] == "bf16-s0"
     assert plan[("matched", "q-interq-B0.1", 1)][1].algo.budget == 0.1
     assert plan[("natural", "q-prefix_is", 0)][1].algo.correction == "prefix_is"
+
+
+@pytest.mark.parametrize("override", ["train.eval_every_steps=0", "env.num_eval_tasks=0"])
+def test_compare_and_demo_refuse_runs_without_held_out_evaluation(tmp_path, capsys, override):
+    for cmd in (["compare", "--arms", "bf16"], ["demo"]):
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, "--out", str(tmp_path), *TOY, override])
+        assert e.value.code == 2
+        assert override.split("=")[0] in capsys.readouterr().err
+        assert not (tmp_path / "warm_start").exists()

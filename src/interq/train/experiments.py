@@ -131,6 +131,12 @@ def plan_runs(arms: list[str], seeds: list[int], overrides: list[str], regimes: 
                 extra = REGIMES[regime] if quantized else []
                 cfg = arm_config(arm, [*overrides, *extra, f"train.seed={seed}", f"name={label}-s{seed}"])
                 plan[(regime, arm, seed)] = (f"{label}-s{seed}", cfg)
+    for _name, cfg in plan.values():  # the tables compare held-out success: a run without it has nothing to show
+        if not (cfg.train.eval_every_steps > 0 and cfg.env.num_eval_tasks > 0):
+            print(f"interq: invalid configuration: train.eval_every_steps={cfg.train.eval_every_steps} and "
+                  f"env.num_eval_tasks={cfg.env.num_eval_tasks}: demo and compare need held-out evaluations (both > 0)",
+                  file=sys.stderr)
+            raise SystemExit(2)
     return plan
 
 
