@@ -6,7 +6,23 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    if os.name == "nt":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _clean(v):
@@ -35,14 +51,40 @@ class RunLogger:
             tb = require("torch.utils.tensorboard", "tensorboard")
             self._tb = tb.SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
-    def truncate_after(self, step: int) -> None:
-        """Drop lines logged after ``step`` (a resumed run rewrites them); atomic rewrite."""
+    def truncate_after(self, step: int, log: Callable[[str], Any] | None = None) -> list[dict]:
+        """Keep the records of steps ``<= step`` (a resumed run logs the later ones again; ``step < 0``: none, a run
+        started over keeps no record of an earlier attempt); return them.
+
+        A torn last line (half-written at a crash) is dropped and said with ``log`` (default: stderr); a step
+        recorded twice keeps its last record (the attempt the checkpoint came from). The file is rewritten only
+        if something changes, atomically (temporary file fsynced, renamed, directory fsynced)."""
+        say = log or _stderr
         if not self.path.is_file():
-            return
-        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", -1) <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(ln + "\n" for ln in keep))
+            return []
+        torn: list[str] = []
+        records = read_jsonl(self.path, on_torn=torn.append)
+        kept = [r for r in records if step >= 0 and isinstance(r.get("step"), int) and r["step"] <= step]
+        last = {r["step"]: r for r in kept}
+        keep = [last[s] for s in sorted(last)]
+        if torn:
+            say(f"[resume] {self.path}: {torn[0]}; dropped")
+        if len(keep) < len(kept):
+            say(f"[resume] {self.path}: {len(kept) - len(keep)} earlier records of a step recorded twice dropped "
+                f"(each step keeps its last record)")
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:  # a last line without its newline: the next record must not join it
+            f.seek(max(0, size - 1))
+            ends_open = size > 0 and f.read(1) != b"\n"
+        if keep == records and not torn and not ends_open:
+            return keep
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in keep))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        _fsync_dir(self.path.parent)
+        return keep
 
     def log(self, record: dict) -> None:
         line = json.dumps({k: _clean(v) for k, v in record.items()}, sort_keys=False)
@@ -68,8 +110,27 @@ class RunLogger:
             self._tb.close()
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | Path, on_torn: Callable[[str], Any] | None = None) -> list[dict]:
+    """The records of a JSONL file ([] if there is none). A last line that is not a JSON object (half-written at a
+    crash, or still being written by a running process) is left out and described to ``on_torn``; any other
+    unreadable line raises ``ValueError`` with the file and line number."""
     p = Path(path)
     if not p.is_file():
         return []
-    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+    lines = p.read_text(errors="replace").split("\n")
+    filled = [i for i, ln in enumerate(lines) if ln.strip()]
+    out = []
+    for i in filled:
+        try:
+            rec = json.loads(lines[i])
+            if not isinstance(rec, dict):
+                raise ValueError(f"a JSON {type(rec).__name__}, not an object")
+        except ValueError as e:
+            if i != filled[-1]:
+                raise ValueError(f"{p}: line {i + 1} is not a JSON record ({e}); the log is damaged before its "
+                                 f"last line") from None
+            if on_torn is not None:
+                on_torn(f"torn last line {i + 1} ({len(lines[i])} characters, not a JSON record)")
+            break
+        out.append(rec)
+    return out

@@ -360,7 +360,7 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     """
     from interq.rollout import RolloutEngine
     from interq.train.build import build_executor, chat_format
-    from interq.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from interq.train.checkpoint import discard_checkpoints, resume_checkpoint, save_checkpoint
     from interq.train.logging import RunLogger, read_jsonl
     from interq.train.provenance import StaleResultError, run_differences, stale_message, write_run_record
 
@@ -377,10 +377,12 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     executor = build_executor(model, cfg.rollout)
     learner = Learner(model, cfg, executor.qcfg)
     start = 0
-    ck = latest_checkpoint(run_dir) if resume else None
+    ck = resume_checkpoint(run_dir, model, learner.optimizer) if resume else None  # newest complete checkpoint
     if ck is not None:
-        start = load_checkpoint(ck, model, learner.optimizer)["step"]
+        start = ck["step"]
         executor.sync(model)
+    else:
+        discard_checkpoints(run_dir)  # started over: no checkpoint of an earlier attempt can be resumed later
     logger = RunLogger(run_dir, progress_total=t.steps, progress=t.progress, tensorboard=t.tensorboard,
                        desc=cfg.name, start=start)
     logger.truncate_after(start if start else -1)  # from scratch: no record of an earlier attempt survives
