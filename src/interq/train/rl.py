@@ -96,9 +96,15 @@ class Batch:
 
 
 def build_batch(episodes: list[Episode], cfg: AlgoConfig, pad_id: int) -> Batch:
+    """The step's rows with per-token advantages (spec §5, §6).
+
+    Only actions the environment received are trained (spec §5): an action cut by the context limit while it
+    was being generated (turn index >= ``ep.num_turns``, concatenated layout; the per-turn layout never keeps
+    its row) is taken off the action mask and gets advantage 0, so both layouts train the same tokens.
+    """
     from interq.rollout import collate_trajectories
 
-    a_turn, adv_metrics, a_ep = turn_advantages(episodes, cfg)
+    a_turn, adv_metrics, _ = turn_advantages(episodes, cfg)
     rows, row_ep, row_turn = [], [], []
     for i, ep in enumerate(episodes):
         for t, traj in enumerate(ep.rows):
@@ -106,14 +112,17 @@ def build_batch(episodes: list[Episode], cfg: AlgoConfig, pad_id: int) -> Batch:
             row_ep.append(i)
             row_turn.append(t)
     coll = collate_trajectories(rows, pad_token_id=pad_id)
+    action_mask = coll["action_mask"].clone()  # [B, L] bool
     adv = torch.zeros(coll["input_ids"].shape, dtype=torch.float32)  # [B, L]
     for b, (i, t0) in enumerate(zip(row_ep, row_turn)):
         turn = coll["turn_index"][b] if cfg.layout == "concatenated" else torch.full_like(coll["turn_index"][b], t0)  # [L]
-        steps = torch.tensor(a_turn[i] + [float(a_ep[i])], dtype=torch.float32)  # [T+1]; a turn cut by context: A_E
+        received = (turn >= 0) & (turn < episodes[i].num_turns)  # [L] turns whose action reached the environment
+        action_mask[b] &= received
+        steps = torch.tensor(a_turn[i] + [0.0], dtype=torch.float32)  # [T+1]; the extra entry is never used
         per_tok = steps[turn.clamp(0, len(steps) - 1)]  # [L]
-        adv[b] = torch.where(coll["action_mask"][b], per_tok, torch.zeros_like(per_tok))
+        adv[b] = torch.where(action_mask[b], per_tok, torch.zeros_like(per_tok))
     per_turn = cfg.layout == "per_turn"
-    return Batch(coll["input_ids"], coll["attention_mask"], coll["action_mask"], coll["behavior_logprobs"], adv,
+    return Batch(coll["input_ids"], coll["attention_mask"], action_mask, coll["behavior_logprobs"], adv,
                  torch.tensor(row_ep) if per_turn else None, torch.tensor(row_turn) if per_turn else None,
                  row_ep, rows[0].sampling.temperature, rows[0].sampling.top_p, adv_metrics)
 
