@@ -6,10 +6,8 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from interq.quant import QuantConfig, QuantKVCache, make_executor, make_kv_cache
 from interq.rollout import RolloutEngine, SamplingParams, collate_trajectories, sequence_logprobs
-
-quant = pytest.importorskip("interq.quant")
-QuantConfig, make_executor, make_kv_cache = quant.QuantConfig, quant.make_executor, quant.make_kv_cache
 
 VOCAB = 96
 
@@ -88,7 +86,7 @@ def test_quantized_cache_rows_and_columns_are_freed():
     batch.step({i: obs[i][0] for i in range(3)})
     batch.step({i: obs[i][1] for i in range(3)})
     cache = batch._cache
-    assert isinstance(cache, quant.QuantKVCache)
+    assert isinstance(cache, QuantKVCache)
     batch.finish(0)
     batch.finish(2)
     layer = cache.layers[0]
