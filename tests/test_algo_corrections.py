@@ -311,11 +311,68 @@ def test_row_order_and_padding_invariance():
 # §3 properties
 
 
+def _hand_case(sign):
+    """One trajectory, four segments; the token log-ratios delta = proximal - behavior are
+    seg 1: [0, 1] -> D = 1,    r = [e^-1, 1], s = (1 + e^-1)^2 / (2 (1 + e^-2)) = 0.8240271368
+    seg 2: [-0.5] -> D = -0.5, s = 1 (one token)
+    seg 3: [0.2, 0.2, 0.2] -> D = 0.6, s = 1 (one shared ratio)
+    seg 4: [0.3] (its own delta never enters its own prefix weight)
+    ``sign=-1`` flips every delta: D flips, s is unchanged (r = exp(delta - max) is [1, e^-1])."""
+    mask = torch.tensor([[1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1]], dtype=torch.bool)
+    delta = torch.tensor([[0.0, 1.0, 0.0, -0.5, 0.0, 0.0, 0.2, 0.2, 0.2, 0.0, 0.3]]) * sign
+    b = torch.full((1, 11), -1.5)
+    return b + delta, b, mask
+
+
+S1 = 0.8240271368  # support of segment 1 (see _hand_case)
+# kappa[t] and Lambda[t] for t = 2, 3, 4 from the §3 closed form, worked by hand:
+#   demand[2] = s1|D1| = 0.82403            sum_{k<2} s D = 0.82403
+#   demand[3] = 0.82403 + 0.5 = 1.32403     sum_{k<3} s D = 0.82403 - 0.5 = 0.32403
+#   demand[4] = 1.32403 + 0.6 = 1.92403     sum_{k<4} s D = 0.32403 + 0.6 = 0.92403
+HAND = {  # budget: ([kappa2, kappa3, kappa4], [Lambda2, Lambda3, Lambda4])
+    0.5: ([0.5 / 0.8240271368, 0.5 / 1.3240271368, 0.5 / 1.9240271368],
+          [0.5, 0.5 * 0.3240271368 / 1.3240271368, 0.5 * 0.9240271368 / 1.9240271368]),  # 0.5, 0.12236, 0.24013
+    1.0: ([1.0, 1.0 / 1.3240271368, 1.0 / 1.9240271368],
+          [0.8240271368, 0.3240271368 / 1.3240271368, 0.9240271368 / 1.9240271368]),  # 0.82403, 0.24473, 0.48026
+    2.0: ([1.0, 1.0, 1.0], [0.8240271368, 0.3240271368, 0.9240271368]),  # the budget never binds
+    0.0: ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]),
+}
+SEG_COLS = [[0, 1], [3], [6, 7, 8], [10]]
+
+
+@pytest.mark.parametrize("budget", sorted(HAND))
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_kappa_and_lambda_equal_the_closed_form_on_a_hand_computed_case(budget, sign):
+    """§3 by hand (issue 13 item 8: ``|Lambda| <= B`` alone holds whatever kappa is, the code clamps Lambda)."""
+    p, b, mask = _hand_case(sign)
+    kappa, lam = HAND[budget]
+    assert _prepare(p.double(), b.double(), mask, None, None).support().tolist()[0] == pytest.approx(S1, abs=1e-9)
+    out = interq_prefix_logweights(p, b, mask, budget)  # [1, L]
+    want = [0.0] + [sign * v for v in lam]  # Lambda of the first segment is 0
+    for t, cols in enumerate(SEG_COLS):
+        for c in cols:
+            assert out[0, c].item() == pytest.approx(want[t], abs=1e-6), f"segment {t + 1}, budget {budget}"
+    assert (out[~mask] == 0).all()
+    # kappa itself: the turns' parts (Lambda = kappa * sum_{k<t} s D, before the rounding clamp)
+    from interq.algo.corrections import _interq_turns
+
+    parts = _interq_turns(_prepare(p.double(), b.double(), mask, None, None), float(budget), False)
+    assert parts.kappa.tolist()[1:] == pytest.approx(kappa, abs=1e-6)  # float32 inputs (0.2)
+    assert parts.kappa.tolist()[0] == 1.0  # demand 0 <= B: kappa 1 (including B = 0)
+    # a sign error in D, a dropped support or the present segment in its own history moves a value by > 1e-2
+    wrong = [sign * v for v in HAND[2.0][1]]
+    if budget < 2.0:
+        assert any(abs(out[0, SEG_COLS[t + 1][0]].item() - w) > 1e-2 for t, w in enumerate(wrong))
+
+
 def test_property1_lambda_within_budget_and_first_segment_zero():
     for seed in range(8):
         p, b, mask = _random_concat(300 + seed, B=6, L=40, scale=1.5, drift=0.5 * (seed - 4))
         for budget in (0.0, 0.1, 0.5, 2.0):
             lam = interq_prefix_logweights(p, b, mask, budget)
+            # against the naive loop of the closed form, not only the bound (the code clamps Lambda to [-B, B])
+            ref = _ref("interq", p, b, mask, cfg=CorrectionConfig(budget=budget))[2]
+            torch.testing.assert_close(lam.double(), torch.tensor(ref, dtype=torch.float64), rtol=1e-5, atol=1e-6)
             assert lam.abs().max().item() <= budget + 1e-6
             first = mask & ~torch.cat([torch.zeros(6, 1, dtype=torch.bool), mask[:, :-1]], 1)
             first_seg = first.cumsum(1) == 1
