@@ -44,9 +44,51 @@ def test_toy_episodes_through_the_engine_record_rewards_and_rows():
         for ep in eps:
             assert 1 <= ep.num_turns <= 3 and len(ep.anchors) == ep.num_turns
             assert len(ep.rows) == (1 if layout == "concatenated" else ep.num_turns)
-            assert ep.won == (ep.rewards[-1] >= 10 - 1e-9) or not ep.won
+            assert ep.won == (ep.rewards[-1] >= 10 - 1e-9)
             for row in ep.rows:
                 assert torch.all(row.behavior_logprobs[~row.action_mask] == 0)
+
+
+class ForcedToy(ToyEnv):
+    """The toy environment with the win forced on some tasks: whatever the policy says there is read as the expert's
+    word, so those episodes win (reward 10 on the last correct word) whatever the tiny policy generates."""
+
+    FORCED = ("train-0", "train-2")
+
+    def parse_action(self, generated_text):
+        from interq.envs.base import ParsedAction
+
+        if self._task.task_id in self.FORCED:
+            return ParsedAction(action=self.expert_action(), valid=True)
+        return super().parse_action(generated_text)
+
+
+@pytest.mark.parametrize("layout", ["concatenated", "per_turn"])
+def test_won_episodes_end_with_reward_10_and_lost_ones_do_not(layout):
+    """'won implies last reward 10' on episodes that do win (issue 13 item 8: the check above never sees a win)."""
+    from interq.rollout import MinimalChatFormat, RolloutEngine, SamplingParams
+    from interq.train.config import ModelConfig
+    from interq.train.policy import build_tiny_policy
+
+    model, tok = build_tiny_policy(ModelConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_heads=2,
+                                               num_kv_heads=1, head_dim=8), ["say cup then pan", "apple bread"] * 5)
+    fmt = MinimalChatFormat(tok)
+    engine = RolloutEngine(model, pad_token_id=fmt.pad_token_id)
+    env = ForcedToy(length=3, num_words=2)
+    tasks = env.tasks("train")[:4]
+    sp = SamplingParams(temperature=1.0, max_action_tokens=2, stop_token_ids=fmt.stop_token_ids)
+    eps = play_episodes(engine, fmt, lambda: ForcedToy(length=3, num_words=2, max_steps=5), tasks, [1, 2, 3, 4],
+                        [0, 1, 2, 3], sp, max_turns=5, layout=layout, render=make_render(True, False))
+    won = [ep for ep in eps if ep.won]
+    assert [ep.task.task_id for ep in won] == list(ForcedToy.FORCED)  # the forced ones win; the tiny policy never does
+    for ep in eps:
+        assert ep.won == (ep.rewards[-1] == 10.0), (ep.task.task_id, ep.rewards)
+        assert all(r < 10.0 for r in ep.rewards[:-1])
+        if ep.won:
+            assert ep.terminated and not ep.truncated and ep.num_turns == 3 and ep.episode_return == pytest.approx(10.0)
+        else:
+            assert ep.truncated and not ep.terminated
+        assert len(ep.rows) == (1 if layout == "concatenated" else ep.num_turns)
 
 
 @pytest.mark.parametrize("window", [0, 1, 3])
