@@ -12,9 +12,17 @@ TOY = ["env.name=toy", "env.max_turns=3", "env.num_train_tasks=8", "env.num_eval
        "train.tasks_per_step=2", "train.episodes_per_task=2", "train.progress=false", "rollout.max_action_tokens=3",
        "train.steps=2", "train.eval_every_steps=2", "train.checkpoint_every_steps=2", "train.threads=1"]
 
-# Pinned: these values changing means the run's numerics changed (engine, sampling, loss, data or config).
+# Pinned: these values changing means the run's data, sampling or config changed (counts and returns of sampled
+# episodes: exact). The executor/learner mismatch is a float that depends on the CPU's kernels (bf16 / int8 matmul
+# accumulation order differs between AVX2, AVX-512 and AMX paths), so it is held to a band, not to its value here.
 PINNED_STEP1 = {"batch/rows": 12, "rollout/length": 3.0, "batch/action_tokens": 36, "batch/tokens": 760,
-                "rollout/return": -0.3, "mismatch/abs_delta_mean": 0.000286}  # household preset: per_turn rows
+                "rollout/return": -0.3}  # household preset: per_turn rows
+# Executor vs learner log-prob mismatch at step 1. Measured on this machine: 2.86e-4 (q-interq), 3.4e-4 (q-tis),
+# 2.9e-4 (bf16): at this size it is mostly the executor's bf16 rounding (unit roundoff 2^-8 on logits of order 1),
+# whose exact value depends on the CPU's matmul kernels. The band is a decade either way: below 3e-5 the executor
+# would compute like the fp32 learner (no bf16 / quantized executor), above 3e-3 executor and learner disagree by
+# more than rounding (different tokens, positions or sampling transform).
+MISMATCH_BAND = (3e-5, 3e-3)
 
 
 def test_pinned_tiny_run_through_cli(tmp_path, capsys):
@@ -24,7 +32,9 @@ def test_pinned_tiny_run_through_cli(tmp_path, capsys):
     assert [r["step"] for r in recs] == [0, 1, 2]
     s1 = recs[1]
     for key, value in PINNED_STEP1.items():
-        assert s1[key] == pytest.approx(value, rel=0.02, abs=1e-5), key
+        assert s1[key] == pytest.approx(value, rel=1e-9), key
+    lo, hi = MISMATCH_BAND
+    assert lo < s1["mismatch/abs_delta_mean"] < hi
     for key in ("mismatch/k1", "mismatch/k3", "weights/ess", "interq/budget_bound_frac", "interq/lambda_abs_mean",
                 "time/rollout", "time/learner", "time/sync", "learner/forward_passes", "eval/success"):
         assert key in recs[2], key
