@@ -129,3 +129,45 @@ def test_truncation_with_scripted_shop():
     assert not env.step("nonsense").truncated
     r = env.step("nonsense")
     assert r.truncated and not r.terminated
+
+
+def _fake_webshop(monkeypatch, goals):
+    """A stand-in ``web_agent_site.envs`` module whose WebAgentTextEnv has (or lacks) ``server.goals``."""
+    import sys
+    import types
+
+    class WebAgentTextEnv:
+        def __init__(self, **kwargs):
+            if goals is not None:
+                self.server = types.SimpleNamespace(goals=list(range(goals)))
+
+    pkg, mod = types.ModuleType("web_agent_site"), types.ModuleType("web_agent_site.envs")
+    mod.WebAgentTextEnv = WebAgentTextEnv
+    pkg.envs = mod
+    monkeypatch.setitem(sys.modules, "web_agent_site", pkg)
+    monkeypatch.setitem(sys.modules, "web_agent_site.envs", mod)
+
+
+def test_goal_count_read_or_assumption_said_and_recorded(monkeypatch, capsys):
+    from interq.envs import webshop
+
+    monkeypatch.setattr(webshop, "_SAID", set())
+    _fake_webshop(monkeypatch, goals=1600)
+    env = WebShopEnv()
+    assert env.num_goals == 1600 and len(env.tasks("train")) == 100
+    assert env.info() == {"env": "webshop", "backend": "text", "num_goals": 1600,
+                          "num_goals_source": "WebAgentTextEnv.server.goals"}
+    assert capsys.readouterr().err == ""
+
+    _fake_webshop(monkeypatch, goals=None)  # the count cannot be read: WebShop's full set, said and recorded
+    env = WebShopEnv()
+    err = capsys.readouterr().err.splitlines()
+    assert env.num_goals == 12087
+    assert len(err) == 1 and err[0].startswith("interq: webshop: num_goals assumed 12087") and "server.goals" in err[0]
+    assert env.info()["num_goals_source"].startswith("assumed 12087")
+    WebShopEnv()
+    assert capsys.readouterr().err == ""  # once per process
+    assert WebShopEnv(num_goals=1700).info()["num_goals_source"] == "num_goals argument"
+    http = WebShopEnv(backend="http")
+    assert http.num_goals == 12087 and http.info()["num_goals_source"].startswith("assumed 12087")
+    assert "does not tell its goal count" in capsys.readouterr().err

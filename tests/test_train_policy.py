@@ -108,3 +108,18 @@ def test_sft_observation_weight_trains_the_observation_tokens():
         results[weight] = float(o) / n
         assert ("sft/final_observation_loss" in summary) == (weight > 0)
     assert results[1.0] < 0.5 * results[0.0]  # only the weighted run learned the observation text
+
+
+def test_chat_tokens_import_error_is_raised_not_hidden(monkeypatch):
+    """The engine's chat tokens come from interq.rollout.chat: an import error there surfaces with its message
+    (it used to fall back, silently, to another token set the engine does not render)."""
+    import sys
+
+    from interq.train.policy import chat_special_tokens
+
+    assert set(MINIMAL_SPECIAL_TOKENS) <= set(chat_special_tokens())
+    monkeypatch.setitem(sys.modules, "interq.rollout.chat", None)
+    with pytest.raises(ImportError, match="interq.rollout.chat"):
+        chat_special_tokens()
+    with pytest.raises(ImportError, match="interq.rollout.chat"):
+        train_tokenizer(TEXTS, 400)

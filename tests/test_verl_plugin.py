@@ -453,6 +453,32 @@ def test_layout_options(V):
         V.helper.compute_rollout_correction_and_add_to_batch(b4, rc_config("interq"))
 
 
+def test_auto_layout_without_traj_uid_warns_once():
+    """layout=auto on a batch without traj_uid falls back to one row per trajectory and says so, once, naming the
+    missing field and what it costs. Pure Python (the correction module imports neither verl nor Ray): it runs
+    without verl, on a stand-in with DataProto's shape."""
+    import types
+    import warnings
+
+    from interq.integrations.verl import correction
+
+    mask = torch.ones(2, 3)
+    opts = correction.VerlInterqOptions()
+    no_uid = types.SimpleNamespace(batch={"response_mask": mask}, non_tensor_batch={})
+    correction._WARNED.clear()
+    with pytest.warns(UserWarning, match="no 'traj_uid' field") as rec:
+        assert correction.layout_ids(no_uid, opts) == (None, None)
+    assert "loses its earlier turns" in str(rec[0].message) and "layout=trajectory" in str(rec[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process: the hook runs every step
+        correction.layout_ids(no_uid, opts)
+        assert correction.layout_ids(no_uid, correction.VerlInterqOptions(layout="trajectory")) == (None, None)
+        with_uid = types.SimpleNamespace(batch={"response_mask": mask}, non_tensor_batch={
+            "traj_uid": np.array(["a", "a"], dtype=object), "step_idx": np.array([0, 1])})
+        traj, step = correction.layout_ids(with_uid, opts)
+        assert traj.tolist() == [0, 0] and step.tolist() == [0, 1]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Clear errors
 

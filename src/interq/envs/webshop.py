@@ -152,8 +152,21 @@ def html_to_observation(page: str) -> tuple[str, dict[str, Any]]:
     return raw, {"has_search_bar": p.has_search, "clickables": clickables}
 
 
+_SAID: set[str] = set()
+
+
+def _assumed_goals(why: str) -> tuple[int, str]:
+    """WebShop's full goal count when the real one is not known: said on stderr (once per process) and recorded
+    (``info()``)."""
+    source = f"assumed {FULL_NUM_GOALS} (WebShop's full set): {why}; pass num_goals= to set it"
+    if source not in _SAID:
+        _SAID.add(source)
+        print(f"interq: webshop: num_goals {source}", file=sys.stderr, flush=True)
+    return FULL_NUM_GOALS, source
+
+
 class _TextBackend:
-    def __init__(self, num_products: int | None, webshop_path: str | None):
+    def __init__(self, num_products: int | None, webshop_path: str | None, num_goals: int | None = None):
         path = webshop_path or os.environ.get("WEBSHOP_PATH")
         if path and path not in sys.path:
             sys.path.insert(0, path)
@@ -167,7 +180,12 @@ class _TextBackend:
             kwargs["num_products"] = num_products
         self.env = WebAgentTextEnv(**kwargs)
         goals = getattr(getattr(self.env, "server", None), "goals", None)
-        self.num_goals = len(goals) if goals is not None else FULL_NUM_GOALS
+        if goals is not None:
+            self.num_goals, self.num_goals_source = len(goals), "WebAgentTextEnv.server.goals"
+        elif num_goals is not None:
+            self.num_goals, self.num_goals_source = int(num_goals), "num_goals argument"
+        else:
+            self.num_goals, self.num_goals_source = _assumed_goals("WebAgentTextEnv.server.goals could not be read")
 
     def reset(self, goal: int) -> tuple[str, dict, str]:
         obs, _info = self.env.reset(session=goal)
@@ -187,9 +205,12 @@ class _TextBackend:
 class _HttpBackend:
     """Page-by-page client of a running WebShop site (see module docstring for the routes)."""
 
-    def __init__(self, base_url: str, num_goals: int, timeout_s: float = 30.0):
+    def __init__(self, base_url: str, num_goals: int | None, timeout_s: float = 30.0):
         self.base = base_url.rstrip("/")
-        self.num_goals = num_goals
+        if num_goals is not None:
+            self.num_goals, self.num_goals_source = int(num_goals), "num_goals argument"
+        else:
+            self.num_goals, self.num_goals_source = _assumed_goals("a WebShop site does not tell its goal count")
         self.timeout_s = timeout_s
         self.session = ""
         self.keywords = ""
@@ -260,14 +281,16 @@ class WebShopEnv:
         num_products: WebAgentTextEnv's ``num_products`` (None: its default, all products).
         webshop_path: directory of the WebShop checkout to import (default ``$WEBSHOP_PATH``).
         base_url: the site for backend "http".
-        num_goals: number of goals for backend "http" (default 12,087, WebShop's full set).
+        num_goals: number of goals when WebShop does not tell it (backend "http"; backend "text" when its
+            ``server.goals`` cannot be read). Not given there: 12,087 (WebShop's full set), said on stderr and
+            recorded by ``info()`` (``num_goals_source``).
         max_steps: step limit (15, verl-agent). success_reward: reward when WebShop's r == 1 (10.0).
     """
 
     name = "webshop"
 
     def __init__(self, backend: str = "text", num_products: int | None = None, webshop_path: str | None = None,
-                 base_url: str = "http://127.0.0.1:3000", num_goals: int = FULL_NUM_GOALS, max_steps: int = 15,
+                 base_url: str = "http://127.0.0.1:3000", num_goals: int | None = None, max_steps: int = 15,
                  success_reward: float = 10.0, _backend: Any = None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")
@@ -278,16 +301,23 @@ class WebShopEnv:
         if _backend is not None:      # tests: any object with reset/step/close/num_goals
             self._be = _backend
         elif backend == "text":
-            self._be = _TextBackend(num_products, webshop_path)
+            self._be = _TextBackend(num_products, webshop_path, num_goals)
         else:
             self._be = _HttpBackend(base_url, num_goals)
+        self.backend = backend
         self.num_goals = int(self._be.num_goals)
+        self.num_goals_source = str(getattr(self._be, "num_goals_source", "backend"))
         self._task: TaskSpec | None = None
         self._raw = ""
         self._avail: dict[str, Any] = {}
         self._steps = 0
         self._done = True
         self._started = False
+
+    def info(self) -> dict:
+        """What this env plays, for the run's records: the back-end and where its goal count came from."""
+        return {"env": self.name, "backend": self.backend, "num_goals": self.num_goals,
+                "num_goals_source": self.num_goals_source}
 
     def tasks(self, split: str) -> list[TaskSpec]:
         if split not in SPLITS:

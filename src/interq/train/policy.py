@@ -19,23 +19,14 @@ import torch
 
 from interq.train.config import ConfigError, ModelConfig
 
-# Special tokens of the minimal chat format. The rollout engine owns the format; we import its constant when
-# it exists so the tokenizer always carries exactly the tokens the engine renders.
-_FALLBACK_SPECIAL = ("<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|end|>")
-
 
 def chat_special_tokens() -> tuple[str, ...]:
-    try:  # pragma: no cover - depends on the engine's module
-        from interq.rollout import chat as _chat  # type: ignore
+    """The special tokens of the engine's minimal chat format (the engine owns them), pad first, so the tokenizer
+    carries exactly the tokens the engine renders. ``interq.rollout`` is part of interq, not an optional extra:
+    an error importing it is raised as it is."""
+    from interq.rollout.chat import MINIMAL_SPECIAL_TOKENS
 
-        for name in ("MINIMAL_SPECIAL_TOKENS", "SPECIAL_TOKENS"):
-            toks = getattr(_chat, name, None)
-            if toks:
-                toks = tuple(toks.values()) if isinstance(toks, dict) else tuple(toks)
-                return tuple(dict.fromkeys(("<|pad|>", *toks)))
-    except Exception:
-        pass
-    return _FALLBACK_SPECIAL
+    return tuple(dict.fromkeys(("<|pad|>", *MINIMAL_SPECIAL_TOKENS)))
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, special_tokens: tuple[str, ...] | None = None):

@@ -27,6 +27,7 @@ This module imports neither verl nor Ray: it works on anything with verl's ``Dat
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
@@ -66,7 +67,7 @@ class VerlInterqOptions:
     """Divide w by its batch mean over kept tokens; None = verl's ``rollout_is_batch_normalize``."""
     layout: str = "auto"
     """``trajectory`` (one row per trajectory), ``step`` (one row per step, ``traj_key`` + ``step_key``),
-    ``auto`` (``step`` when the batch carries ``traj_key``, else ``trajectory``)."""
+    ``auto`` (``step`` when the batch carries ``traj_key``, else ``trajectory`` with a warning, once)."""
     traj_key: str = "traj_uid"
     """Field naming the trajectory of a row in the per-step layout (non-tensor or tensor)."""
     step_key: str = "step_idx"
@@ -190,6 +191,16 @@ def check_method(rollout_corr_config: Any) -> str | None:
 # Layouts
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """``warnings.warn`` once per process (the hook runs on every training step)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
 def _field(batch: Any, key: str) -> Any:
     nt = getattr(batch, "non_tensor_batch", None) or {}
     if key in nt:
@@ -209,6 +220,14 @@ def layout_ids(batch: Any, opts: VerlInterqOptions) -> tuple[Tensor | None, Tens
     layout = opts.layout
     if layout == "auto":
         layout = "step" if _has_field(batch, opts.traj_key) else "trajectory"
+        if layout == "trajectory":
+            _warn_once(
+                f"interq: {OPTIONS_PATH}.layout='auto': the batch has no {opts.traj_key!r} field "
+                f"({OPTIONS_PATH}.traj_key), so every row is taken as one whole trajectory. If rows are steps of "
+                f"multi-turn episodes (verl-agent), each row loses its earlier turns from the prefix correction; "
+                f"store the trajectory id in non_tensor_batch[{opts.traj_key!r}], or set "
+                f"+{OPTIONS_PATH}.layout=trajectory to say rows are whole trajectories"
+            )
     if layout == "trajectory":
         return None, None
     device = batch.batch["response_mask"].device
