@@ -65,3 +65,22 @@ def test_help_lists_commands_and_config(capsys):
         assert cmd in text
     assert main(["train", "--help-config"]) == 0
     assert "train.tokens_per_microbatch" in capsys.readouterr().out
+
+
+def test_run_keeps_what_the_env_reports_about_itself(tmp_path, monkeypatch):
+    """An env's info() (e.g. ALFWorld's game source, WebShop's goal count) is kept with the run and its warm start."""
+    from interq import envs
+    from interq.envs.household import HouseholdEnv
+
+    class Reporting(HouseholdEnv):
+        def info(self):
+            return {"env": self.name, "source": "built in"}
+
+    monkeypatch.setitem(envs._REGISTRY, "household_reporting", Reporting)
+    out = tmp_path / "run"
+    small = [o for o in TOY if not o.startswith(("env.name", "env.env_kwargs"))]
+    assert main(["train", "--out", str(out), *small, "env.name=household_reporting", "train.steps=1",
+                 "train.eval_every_steps=0", "train.checkpoint_every_steps=0"]) == 0
+    assert json.loads((out / "env_info.json").read_text()) == {"env": "household", "source": "built in"}
+    summary = json.loads((out / "warm_start" / "policy_summary.json").read_text())
+    assert summary["env"]["source"] == "built in" and summary["demos_stopped"] == 0

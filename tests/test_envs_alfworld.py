@@ -163,6 +163,32 @@ def test_constructor_errors(aw, monkeypatch, tmp_path):
 
 
 @alfworld_mark
+def test_auto_source_choice_is_said_and_recorded(aw, monkeypatch, tmp_path, capsys):
+    """source='auto' says (stderr, one line, once per process) which source it chose and why; info() records it and
+    the trainer's split_tasks hands it to the run."""
+    from interq.envs.alfworld import AlfworldEnv, env as aw_env
+    from interq.train.build import split_tasks
+    from interq.train.config import EnvConfig
+
+    monkeypatch.setattr(aw_env, "_SAID", set())
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "missing"))
+    env = AlfworldEnv(cache_dir=str(tmp_path), split_sizes={"train": 2, "valid_seen": 1, "valid_unseen": 1})
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("interq: alfworld: source='auto' chose 'generated'"), err
+    assert "ALFWORLD_DATA" in err[0] and "missing" in err[0]
+    info = env.info()
+    assert info["source"] == "generated" and "chose 'generated'" in info["source_reason"]
+    AlfworldEnv(cache_dir=str(tmp_path))
+    assert capsys.readouterr().err == ""  # once per process, not once per env (workers build many)
+    assert AlfworldEnv(source="generated", cache_dir=str(tmp_path)).info()["source_reason"] == "source='generated'"
+    recorded: dict = {}
+    split_tasks(lambda: AlfworldEnv(cache_dir=str(tmp_path), split_sizes={"train": 2, "valid_seen": 1,
+                                                                         "valid_unseen": 1}),
+                EnvConfig(name="alfworld", num_train_tasks=2, num_eval_tasks=1), recorded)
+    assert recorded["source"] == "generated" and recorded["env"] == "alfworld"
+
+
+@alfworld_mark
 def test_official_games_layout(aw, monkeypatch, tmp_path):
     """ALFWORLD_DATA with the standard layout: solvable games listed per split, movable/sliced skipped."""
     from interq.envs.alfworld import AlfworldEnv
@@ -182,6 +208,8 @@ def test_official_games_layout(aw, monkeypatch, tmp_path):
     monkeypatch.setenv("ALFWORLD_DATA", str(root))
     env = AlfworldEnv(cache_dir=str(tmp_path / "cache"))
     assert env.source == "official"
+    assert env.info()["source"] == "official" and env.info()["data_path"] == str(root)
+    assert "chose 'official'" in env.info()["source_reason"]
     tasks = env.tasks("valid_seen")
     assert [t.task_id for t in tasks] == ["pick_and_place_simple-SaltShaker-None-Cabinet-7/trial_T1"]
     assert tasks[0].task_type == "pick_and_place"

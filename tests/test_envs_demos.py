@@ -103,3 +103,66 @@ def test_demos_are_env_agnostic(tmp_path):
     assert read_demos(tmp_path / "shop.jsonl") == noisy
     prompt, target = sft_pairs(clean[0])[0]
     assert "online shop" in prompt and target.startswith("<action>search[")
+
+
+class _ScriptedExpert:
+    """A three-step env whose expert follows ``script`` (None: no action; any text: offered as it is)."""
+
+    name = "scripted"
+
+    def __init__(self, script):
+        self.script, self.stepped = list(script), []
+
+    def _obs(self):
+        from interq.envs.base import Observation
+
+        return Observation(f"room {len(self.stepped)}", ("go north", "go south"))
+
+    def reset(self, task):
+        self.stepped = []
+        return self._obs()
+
+    def expert_action(self):
+        return self.script[len(self.stepped)]
+
+    def step(self, action):
+        from interq.envs.base import StepResult
+
+        if not isinstance(action, str):
+            raise TypeError(f"stepped with {action!r}")
+        self.stepped.append(action)
+        done = len(self.stepped) == 3
+        return StepResult(self._obs(), 10.0 if done else 0.0, done, False, {"won": done})
+
+    def close(self):
+        pass
+
+
+def _collect(env, by_index, num_demos=1):
+    from interq.envs.base import TaskSpec
+    from interq.train.build import collect_demos
+
+    task = TaskSpec("scripted", "t0", "train", "walk", "walk")
+    return collect_demos(lambda: env, [task], num_demos, 0.0, 0, max_turns=5, by_index=by_index)
+
+
+def test_collect_demos_stops_where_the_expert_has_no_action():
+    env = _ScriptedExpert(["go north", None, "go north"])
+    [demo] = _collect(env, by_index=False)
+    assert env.stepped == ["go north"]  # None is never stepped
+    assert demo.actions == ["go north"] and len(demo.observations) == 1 and not demo.won
+    assert "no action" in demo.stopped
+    with pytest.raises(RuntimeError, match="no expert demonstration"):  # not one turn anywhere: said, not trained on
+        _collect(_ScriptedExpert([None]), by_index=False, num_demos=2)
+
+
+def test_index_demos_never_write_text_where_a_number_is_expected():
+    env = _ScriptedExpert(["go south", "jump", "go north"])  # "jump" is not admissible: it has no number
+    [demo] = _collect(env, by_index=True)
+    assert demo.actions == ["2"] and len(demo.observations) == 1
+    assert all(a.isdigit() for a in demo.actions)
+    assert env.stepped == ["go south"] and "'jump' is not in the admissible list" in demo.stopped
+    [full] = _collect(_ScriptedExpert(["go south", "go north", "go north"]), by_index=True)
+    assert full.actions == ["2", "1", "1"] and full.won and full.stopped == ""
+    [text] = _collect(_ScriptedExpert(["go south", "jump", "go north"]), by_index=False)
+    assert text.actions == ["go south", "jump", "go north"]  # the text format writes what the expert did

@@ -26,23 +26,40 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
         from interq.agent.toy_env import ToyEnv
 
         kwargs.setdefault("max_steps", cfg.max_turns)
+        try:
+            ToyEnv(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"env.name='toy' / env.env_kwargs={kwargs}: {e}") from e
         return lambda: ToyEnv(**kwargs)
     try:
         from interq.envs import make_env
     except ImportError as e:  # pragma: no cover - depends on the environments package
         raise ConfigError(f"env.name={cfg.name!r}: interq.envs.make_env is not available ({e}); accepted here: 'toy'") from e
+    from interq._optional import MissingDependency
+    from interq.envs import UnknownEnvError
+
     try:
         make_env(cfg.name, **kwargs).close()
-    except (KeyError, ValueError, TypeError) as e:
+    except UnknownEnvError as e:
+        raise ConfigError(f"env.name={cfg.name!r}: {e}") from e
+    except (KeyError, ValueError, TypeError, MissingDependency, FileNotFoundError) as e:
         raise ConfigError(f"env.name={cfg.name!r} / env.env_kwargs={kwargs}: {e}") from e
     return lambda: make_env(cfg.name, **kwargs)
 
 
-def split_tasks(make_env: Callable[[], Any], cfg: EnvConfig) -> tuple[list[TaskSpec], list[TaskSpec]]:
+def split_tasks(make_env: Callable[[], Any], cfg: EnvConfig,
+                env_info: dict | None = None) -> tuple[list[TaskSpec], list[TaskSpec]]:
+    """(train tasks, held-out tasks) of ``cfg``. ``env_info``, if given, receives what the environment reports
+    about itself (its ``info()``, e.g. ALFWorld's game source), for the run's records."""
     env = make_env()
     try:
-        train = list(env.tasks(cfg.train_split))
-        evals = list(env.tasks(cfg.eval_split))
+        if env_info is not None and callable(getattr(env, "info", None)):
+            env_info.update(env.info())
+        try:
+            train = list(env.tasks(cfg.train_split))
+            evals = list(env.tasks(cfg.eval_split))
+        except ValueError as e:  # an unknown split: the env names the accepted ones
+            raise ConfigError(f"env.train_split={cfg.train_split!r} / env.eval_split={cfg.eval_split!r}: {e}") from e
     finally:
         env.close()
     if cfg.task_types:
@@ -60,6 +77,13 @@ def split_tasks(make_env: Callable[[], Any], cfg: EnvConfig) -> tuple[list[TaskS
     return train, evals
 
 
+def check_env(cfg: EnvConfig) -> None:
+    """Check ``env.name``, ``env.env_kwargs``, the splits and ``env.task_types`` against the environment itself
+    (building it and listing its tasks), so that a bad value stops the command before any work with a
+    :class:`ConfigError` naming the field."""
+    split_tasks(env_factory(cfg), cfg)
+
+
 # ---------------------------------------------------------------------------------------------- demos
 
 
@@ -67,15 +91,20 @@ def split_tasks(make_env: Callable[[], Any], cfg: EnvConfig) -> tuple[list[TaskS
 class Demo:
     task: TaskSpec
     observations: list[str]   # rendered observation text per turn (what the agent saw)
-    actions: list[str]        # action text per turn
+    actions: list[str]        # action text per turn (its number in the admissible list with ``by_index``)
     won: bool
+    stopped: str = ""         # why the episode was cut short before it ended ("": it ran to its end or max_turns)
 
 
 def collect_demos(make_env: Callable[[], Any], tasks: list[TaskSpec], num_demos: int, noise: float, seed: int,
                   max_turns: int, layout: str = "concatenated", history_turns: int = 0,
                   render: Callable[..., str] = default_render, by_index: bool = False) -> list[Demo]:
     """Expert episodes with a share ``noise`` of random admissible actions, rendered like the agent loop.
-    ``by_index``: the recorded answer is the action's number in the admissible list (``env.action_format``)."""
+    ``by_index``: the recorded answer is the action's number in the admissible list (``env.action_format``).
+
+    An episode stops (its earlier turns kept, ``Demo.stopped`` saying why) where the expert has no action (None:
+    nothing is stepped) or, with ``by_index``, gives one that is not in the admissible list (it has no number to
+    write); an episode stopped before its first turn is left out."""
     rng = random.Random(seed)
     demos = []
     env = make_env()
@@ -83,23 +112,33 @@ def collect_demos(make_env: Callable[[], Any], tasks: list[TaskSpec], num_demos:
         for k in range(num_demos):
             task = tasks[k % len(tasks)]
             obs = env.reset(task)
-            texts, actions, hist, won = [], [], [], False
+            texts, actions, hist, won, stopped = [], [], [], False, ""
             for t in range(max_turns):
                 window = history_turns if layout == "per_turn" else None
-                texts.append(render(task, obs, t, hist, window))
-                if obs.admissible_actions and rng.random() < noise:
-                    action = rng.choice(list(obs.admissible_actions))
+                adm = list(obs.admissible_actions or ())
+                if adm and rng.random() < noise:
+                    action = rng.choice(adm)
                 else:
                     action = env.expert_action()
-                adm = list(obs.admissible_actions or ())
-                actions.append(str(adm.index(action) + 1) if by_index and action in adm else action)
+                if action is None:
+                    stopped = f"turn {t}: the expert has no action"
+                    break
+                if by_index and action not in adm:
+                    stopped = f"turn {t}: the expert's action {action!r} is not in the admissible list"
+                    break
+                texts.append(render(task, obs, t, hist, window))
+                actions.append(str(adm.index(action) + 1) if by_index else action)
                 res = env.step(action)
                 hist.append((obs.text, action))
                 obs = res.observation
                 won = won or bool(res.info.get("won"))
                 if res.terminated or res.truncated:
                     break
-            demos.append(Demo(task, texts, actions, won))
+            if actions:
+                demos.append(Demo(task, texts, actions, won, stopped))
+        if num_demos and not demos:
+            raise RuntimeError(f"no expert demonstration could be recorded in {num_demos} episodes of "
+                               f"{getattr(env, 'name', type(env).__name__)!r} (e.g. task {task.task_id!r}, {stopped})")
     finally:
         env.close()
     return demos

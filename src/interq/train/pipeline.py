@@ -47,7 +47,8 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, 
         torch.set_num_threads(cfg.train.threads)
     t0 = time.perf_counter()
     make_env = env_factory(cfg.env)
-    train_tasks, _ = split_tasks(make_env, cfg.env)
+    env_info: dict = {}
+    train_tasks, _ = split_tasks(make_env, cfg.env, env_info)
     w = cfg.warm_start
     by_index = cfg.env.action_format == "index"
     render = make_render(cfg.env.show_admissible, by_index)
@@ -62,7 +63,10 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, 
     else:
         model, tokenizer = load_policy(cfg.model.source, cfg.model.dtype)
     summary = {"policy": describe_policy(model, tokenizer), "demos": len(demos),
-               "demo_success": sum(d.won for d in demos) / max(len(demos), 1)}
+               "demo_success": sum(d.won for d in demos) / max(len(demos), 1),
+               "demos_stopped": sum(bool(d.stopped) for d in demos)}  # cut short: the expert had no usable action
+    if env_info:
+        summary["env"] = env_info  # what the environment chose (e.g. ALFWorld's game source)
     if w.enabled and w.steps > 0:
         fmt = chat_format(tokenizer)
         rows = demo_rows(demos[: w.num_demos], fmt, tokenizer, cfg.algo.layout)
@@ -120,6 +124,10 @@ def run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | N
         log(f"[warm start] policy {summary['policy']} in {summary.get('seconds', 0):.0f}s")
     model, tokenizer = load_policy(policy_dir, cfg.model.dtype)
     make_env = env_factory(cfg.env)
-    train_tasks, eval_tasks = split_tasks(make_env, cfg.env)
+    env_info: dict = {}
+    train_tasks, eval_tasks = split_tasks(make_env, cfg.env, env_info)
+    if env_info:  # what the environment chose (e.g. ALFWorld's game source), kept with the run
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "env_info.json").write_text(json.dumps(env_info, indent=1) + "\n")
     return train(cfg, run_dir, model, tokenizer, make_env, train_tasks, eval_tasks, resume=resume,
                  start_policy=start_policy)

@@ -12,7 +12,8 @@ Games come from one of three sources (``source=``):
   ``valid_unseen`` on unseen ones; written lazily under ``cache_dir`` (default
   ``$INTERQ_CACHE/alfworld_games`` or ``~/.cache/interq/alfworld_games``). Task ids ``<split>-<index>``.
 - ``"auto"`` (default): ``"official"`` when ``ALFWORLD_DATA`` points at a directory with the splits,
-  else ``"generated"``.
+  else ``"generated"``; the choice and why is said on stderr (once per process) and reported by ``info()``
+  (``source``, ``source_reason``), which the trainer keeps (``env_info.json`` in the run directory).
 - ``worlds=[HouseholdWorld, ...]``: play exactly these worlds, exported as games (the fidelity check).
 
 Episode contract (the same as ``household``; verl-agent's ALFWorld conventions):
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -47,6 +49,16 @@ DEFAULT_SPLIT_SIZES = {"train": 3553, "valid_seen": 140, "valid_unseen": 134}
 SOURCES = ("auto", "official", "generated")
 BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 _SHORT_TYPE = {v: k for k, v in ALFRED_TASK_TYPE.items()}
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """One line on stderr, once per process (envs are built again for every worker and rollout)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def strip_banner(text: str) -> str:
@@ -133,6 +145,7 @@ class AlfworldEnv:
         self.split_sizes = sizes
         self._worlds: dict[str, HouseholdWorld] | None = None
         self._official: Path | None = None
+        self.source_reason = f"source={source!r}" if worlds is None else "worlds given"
         if worlds is not None:
             self._worlds = {}
             for w in worlds:
@@ -152,6 +165,14 @@ class AlfworldEnv:
                 self.source, self._official = "official", official
             else:
                 self.source = "generated"
+            if source == "auto":
+                where = (f"data_path={str(data_path)!r}" if data_path else
+                         f"ALFWORLD_DATA={os.environ.get('ALFWORLD_DATA')!r}")
+                self.source_reason = (
+                    f"source='auto' chose 'official': ALFWorld's games under {official}" if official is not None else
+                    f"source='auto' chose 'generated' (games written from the scene layouts the wheel ships, not "
+                    f"ALFWorld's released games): {where} holds none of {sorted(OFFICIAL_SPLIT_DIRS.values())}")
+                _say_once(f"interq: alfworld: {self.source_reason}")
         if fast:
             from . import speedup
             speedup.install()
@@ -163,6 +184,15 @@ class AlfworldEnv:
         self._task: TaskSpec | None = None
         self._steps = 0
         self._done = False
+
+    def info(self) -> dict:
+        """What this env plays, for the run's records: the game source and why it was chosen."""
+        out = {"env": self.name, "source": self.source, "source_reason": self.source_reason}
+        if self.source == "official":
+            out["data_path"] = str(self._official)
+        elif self.source == "generated":
+            out.update(seed=self.seed, split_sizes=dict(self.split_sizes))
+        return out
 
     # ---- tasks -----------------------------------------------------------------------------
     def _generated(self, split: str, index: int):
