@@ -40,10 +40,13 @@ def _help_config() -> int:
 
 
 def _load(args) -> "object":
+    from interq.train.build import check_env
     from interq.train.config import ConfigError, build_config
 
     try:
-        return build_config(args.preset, args.overrides)
+        cfg = build_config(args.preset, args.overrides)
+        check_env(cfg.env)  # env.name, env.env_kwargs, the splits, env.task_types: against the env itself
+        return cfg
     except ConfigError as e:
         print(f"interq: invalid configuration: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -125,12 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         parser.error(f"unknown command {argv[0]!r}; accepted: {', '.join(sorted(COMMANDS))}")
     from interq.train.provenance import StaleResultError
-    from interq.train.config import NonFiniteTrainingError
+    from interq.train.config import ConfigError, NonFiniteTrainingError
 
     try:
         return COMMANDS[argv[0]][0](argv[1:])
     except StaleResultError as e:  # an existing result of other inputs: nothing was run (see --fresh)
         print(f"interq: {e}", file=sys.stderr)
+        return 2
+    except ConfigError as e:  # a value only found wrong once used (e.g. a policy directory): one line, no traceback
+        print(f"interq: invalid configuration: {e}", file=sys.stderr)
         return 2
     except NonFiniteTrainingError as e:  # stopped cleanly: metrics and checkpoints up to the last good step are kept
         print(f"interq: training stopped: {e}", file=sys.stderr)

@@ -278,8 +278,12 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("interq.presets").iterdir() if p.name.endswith(".yaml"))
 
 
-def load_preset(name: str) -> dict:
+def load_preset(name: str, _chain: tuple[str, ...] = ()) -> dict:
     """The preset's nested dict (resolving ``base:`` chains). ``name`` is a preset name or a YAML path."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"preset: expected a preset name or a .yaml path, got {name!r}; accepted: {preset_names()}")
+    if name in _chain:
+        raise ConfigError(f"preset {_chain[0]!r}: its base chain {' -> '.join((*_chain, name))} is a cycle")
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         text = path.read_text()
@@ -288,12 +292,15 @@ def load_preset(name: str) -> dict:
         if not res.is_file():
             raise ConfigError(f"preset: unknown preset {name!r}; accepted: {preset_names()} or a path to a .yaml file")
         text = res.read_text()
-    data = yaml.safe_load(text) or {}
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"preset {name!r}: not valid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"preset {name!r}: expected a mapping at the top level")
     base = data.pop("base", None)
     if base:
-        data = _deep_merge(load_preset(base), data)
+        data = _deep_merge(load_preset(base, (*_chain, name)), data)
     return data
 
 

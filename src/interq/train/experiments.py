@@ -75,9 +75,20 @@ DEMO_FINDING = ("The comparison study (docs/results.md) has not yet separated th
                 "running end to end, not as evidence for or against InterQ.")
 
 
+_CHECKED_ENVS: set[str] = set()  # env configs already checked against the env in this process
+
+
 def _load(preset: str, overrides: list[str]):
+    from interq.train.build import check_env
+    from interq.train.config import to_dict
+
     try:
-        return build_config(preset, overrides)
+        cfg = build_config(preset, overrides)
+        key = json.dumps(to_dict(cfg.env), sort_keys=True, default=str)
+        if key not in _CHECKED_ENVS:
+            check_env(cfg.env)  # env.name, env.env_kwargs, the splits, env.task_types: against the env itself
+            _CHECKED_ENVS.add(key)
+        return cfg
     except ConfigError as e:
         print(f"interq: invalid configuration: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -402,10 +413,10 @@ def demo_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     overrides = [*DEMO_OVERRIDES, *args.overrides]
     arms = ["bf16", "q-interq"]
     res = run_arms(arms, [args.seed], overrides, out, fresh=args.fresh, regimes=[args.regime])
+    out.mkdir(parents=True, exist_ok=True)  # (after run_arms: an invalid configuration leaves nothing behind)
     summary = summarize(res["runs"], args.threshold)
     regime = f"Regime `{args.regime}`: q-interq's executor is {REGIME_EXECUTORS[args.regime]}. {DEMO_FINDING}\n\n"
     table = regime + markdown_table(summary, args.threshold)
@@ -465,10 +476,10 @@ def compare_main(argv: list[str]) -> int:
         return 2
     regimes = _csv(args.regimes)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     overrides = SETTINGS["none" if args.no_demo_defaults else args.setting] + list(args.overrides)
     res = run_arms(arms, seeds, overrides, out, fresh=args.fresh, regimes=regimes, jobs=args.jobs,
                    report_only=args.report_only)
+    out.mkdir(parents=True, exist_ok=True)  # (after run_arms: an invalid configuration leaves nothing behind)
     missing = [n for n, (done, target) in res["progress"].items() if done is None or done < target]
     budget = _load("q-interq", overrides).algo.budget
     cmd = "interq compare " + " ".join(argv)
