@@ -17,6 +17,17 @@ VENV=${INTERQ_VENV:-.venv}
 TORCH_CPU_VERSION=2.13.0
 extras=("$@")
 
+# ScienceWorld runs its simulator on the JVM: without Java every ScienceWorld test would skip (and `make test`
+# fails on such skips), so say so here, before anything is installed.
+for e in "${extras[@]}"; do
+  if [ "$e" = scienceworld ] && ! java -version >/dev/null 2>&1; then
+    echo "setup: the scienceworld extra needs Java (a JRE, version 8 or newer) and 'java -version' failed." >&2
+    echo "setup: install one, e.g. 'sudo apt-get install default-jre-headless' (Debian/Ubuntu) or" >&2
+    echo "setup: 'brew install openjdk' (macOS), put 'java' on PATH, then rerun; or leave the scienceworld extra out." >&2
+    exit 3
+  fi
+done
+
 stamp_key=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$(IFS=,; echo "${extras[*]:-none}")
 stamp="$VENV/.interq-setup-$stamp_key"
 if [ -f "$stamp" ]; then
