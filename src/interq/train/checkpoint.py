@@ -50,6 +50,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from interq.train.atomic import fsync_path as _fsync_path
+from interq.train.atomic import write_text_atomic as _write_text_atomic
 from interq.train.config import RunConfig, save_config
 
 FORMAT = 2  # 1: no manifest, numpy RNG state pickled as an ndarray (still read)
@@ -105,27 +107,6 @@ def _load_pt(path: Path, legacy_numpy: bool = False):
 
 
 # ---------------------------------------------------------------------------------------------- writing
-
-
-def _fsync_path(path: Path) -> None:
-    """fsync a file, or a directory (its entries: renames into it); directories are skipped on Windows."""
-    if path.is_dir() and os.name == "nt":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_path(path.parent)
 
 
 def _sha256(path: Path) -> str:

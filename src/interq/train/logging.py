@@ -10,19 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from interq.train.atomic import fsync_path as _fsync_dir
+
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    if os.name == "nt":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _clean(v):

@@ -26,7 +26,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from interq.train.atomic import write_text_atomic as _write_atomic
 from interq.train.config import ConfigError, RunConfig, to_dict
 
 NUMERICS_VERSION = 1
@@ -221,13 +221,6 @@ def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | No
 
 
 # ---------------------------------------------------------------------------------------------- records
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def write_warm_start_provenance(cfg: RunConfig, out_dir: str | Path) -> None:
