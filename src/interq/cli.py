@@ -55,8 +55,8 @@ def _load(args) -> "object":
 def _cmd_train(argv: list[str]) -> int:
     p = _config_parser("train", "warm start (unless --policy) then RL; resumes from the run directory's last checkpoint")
     p.add_argument("--policy", default=None, help="start from this policy directory (skips the warm start)")
-    p.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints in the run directory and start "
-                   "it again from step 0 (its stored config must match; else see --fresh)")
+    p.add_argument("--no-resume", action="store_true", help="start the run directory again from step 0: its existing "
+                   "checkpoints are moved aside to checkpoints.stale-<time> (its stored config must match; else see --fresh)")
     p.add_argument("--fresh", action="store_true", help=_FRESH_HELP)
     args = p.parse_args(argv)
     if args.help_config:
