@@ -133,13 +133,13 @@ def plan_runs(arms: list[str], seeds: list[int], overrides: list[str], regimes: 
     if unknown or not regimes:
         print(f"interq: invalid configuration: --regimes {unknown or regimes}: accepted {list(REGIMES)}", file=sys.stderr)
         raise SystemExit(2)
+    quantized = {arm: arm_config(arm, overrides).rollout.executor == "w8a8" for arm in arms}
     plan = {}
     for regime in regimes:
         for arm in arms:
-            quantized = arm_config(arm, overrides).rollout.executor == "w8a8"
-            label = arm if regime == "natural" or not quantized else f"{arm}@{regime}"
+            label = arm if regime == "natural" or not quantized[arm] else f"{arm}@{regime}"
             for seed in seeds:
-                extra = REGIMES[regime] if quantized else []
+                extra = REGIMES[regime] if quantized[arm] else []
                 cfg = arm_config(arm, [*overrides, *extra, f"train.seed={seed}", f"name={label}-s{seed}"])
                 plan[(regime, arm, seed)] = (f"{label}-s{seed}", cfg)
     for _name, cfg in plan.values():  # the tables compare held-out success: a run without it has nothing to show
