@@ -276,10 +276,10 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
                                    num_seqs=total_seqs, seq_ids=mb["traj_id"])
                 loss.backward()
                 stats["loss/clip_frac"] += m["ppo/clip_frac"] * int(k.sum())
-                stats["loss/policy"] += float(loss.detach())
                 mb_loss += float(loss.detach())
                 n_tok += int(k.sum())
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf)
+            stats["loss/policy"] += mb_loss
             if not (math.isfinite(mb_loss) and math.isfinite(float(gn))):
                 # a non-finite loss or gradient never reaches the weights (nor, through the sync, the executor)
                 learner.optimizer.zero_grad(set_to_none=True)
