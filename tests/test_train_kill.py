@@ -9,11 +9,13 @@ import subprocess
 import sys
 import time
 
+# a quiet machine logs about 3 steps between a new line and the kill: 24 steps leave room for 6 kills
+STEPS = 24
 TOY = ["env.name=toy", "env.max_turns=3", "env.num_train_tasks=8", "env.num_eval_tasks=2", "env.env_kwargs={length: 2}",
        "model.vocab_size=300", "model.hidden_size=16", "model.intermediate_size=32", "model.num_heads=2",
        "model.num_kv_heads=1", "model.head_dim=8", "warm_start.num_demos=8", "warm_start.steps=3",
        "train.tasks_per_step=2", "train.episodes_per_task=2", "train.progress=false", "rollout.max_action_tokens=3",
-       "train.steps=8", "train.eval_every_steps=3", "train.checkpoint_every_steps=1", "train.threads=1"]
+       f"train.steps={STEPS}", "train.eval_every_steps=5", "train.checkpoint_every_steps=1", "train.threads=1"]
 KILLS = 6
 SEED = 13
 
@@ -45,7 +47,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
     subprocess.run(_cmd(full_dir), env=_env(), check=True, capture_output=True, timeout=600)
     full = _records(full_dir / "metrics.jsonl")
-    assert [r["step"] for r in full] == list(range(9))
+    assert [r["step"] for r in full] == list(range(STEPS + 1))
 
     rng = random.Random(SEED)
     metrics = killed_dir / "metrics.jsonl"
@@ -73,7 +75,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     assert done.returncode == 0, done.stderr.decode()[-2000:]
 
     recs = _records(metrics)
-    assert [r["step"] for r in recs] == list(range(9)), f"steps lost or duplicated; attempts {log}"
+    assert [r["step"] for r in recs] == list(range(STEPS + 1)), f"steps lost or duplicated; attempts {log}"
     got, want = _deterministic(recs), _deterministic(full)
     for g, w in zip(got, want):
         assert g == w, f"step {w['step']} differs from the uninterrupted run (attempts {log})"
