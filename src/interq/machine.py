@@ -1,0 +1,108 @@
+"""What a measurement ran on: CPU model and capability, threads, torch, load, the int8 backend ``auto`` picks.
+
+Every benchmark and every timed command records this beside its numbers (timings on a shared 2-core machine
+depend on all of it):
+
+    info = machine_info()            # at the start
+    ...
+    info["load_avg_end"] = load_avg()  # at the end
+
+Pure reads of ``/proc`` and torch; no GPU or optional dependency needed.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+# lscpu / /proc/cpuinfo flag names of the features that decide CPU speed here
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    """(model name, flags) of the first CPU in /proc/cpuinfo; the platform's name and no flags elsewhere."""
+    model, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and not model:
+                model = value.strip()
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+            if model and flags:
+                break
+    except OSError:
+        pass
+    return model or platform.processor() or platform.machine(), flags
+
+
+def load_avg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def cpu_capability() -> dict:
+    """The CPU's relevant features, the class it belongs to and torch's view of it.
+
+    ``class``: ``amx`` > ``avx512_vnni`` > ``avx512`` > ``avx2`` > ``other``. ``native_bf16``: the CPU computes
+    bf16 dot products in hardware (AVX512_BF16 or AMX); elsewhere torch emulates bf16 through fp32.
+    """
+    model, flags = _cpuinfo()
+    features = {f: f in flags for f in CPU_FEATURES}
+    if features["amx_int8"] or features["amx_bf16"]:
+        klass = "amx"
+    elif features["avx512_vnni"]:
+        klass = "avx512_vnni"
+    elif features["avx512f"]:
+        klass = "avx512"
+    elif features["avx2"]:
+        klass = "avx2"
+    else:
+        klass = "other"
+    return {
+        "cpu": model,
+        "cpu_class": klass,
+        "cpu_features": [f for f in CPU_FEATURES if features[f]],
+        "native_bf16": bool(features["avx512_bf16"] or features["amx_bf16"]),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def machine_info(device: str | torch.device | None = None) -> dict:
+    """Everything a benchmark's RESULT line records about where it ran (call at the start; add
+    ``load_avg_end`` at the end). ``device``: where the measured work ran (for the int8 backend and GPU name)."""
+    from interq.quant.linear import resolve_int8_backend  # local: keeps this module light to import
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    info = {
+        **cpu_capability(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_avg_start": load_avg(),
+        "device": str(dev),
+        "int8_backend_auto": resolve_int8_backend("auto", dev),
+    }
+    if dev.type == "cuda" and torch.cuda.is_available():
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        info["gpu"] = torch.cuda.get_device_name(idx)
+        info["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(idx)))
+    return info
+
+
+def describe(info: dict) -> str:
+    """One line for a benchmark's printed header."""
+    feats = ",".join(info.get("cpu_features", [])) or "none"
+    line = (f"{info.get('cpu')} ({info.get('cpu_class')}: {feats}; native bf16: {info.get('native_bf16')}), "
+            f"{info.get('threads')} threads of {info.get('cpu_count')} CPUs, torch {info.get('torch')}, "
+            f"load {info.get('load_avg_start')}, int8 backend auto = {info.get('int8_backend_auto')}")
+    if "gpu" in info:
+        line += f", GPU {info['gpu']} (sm {info['gpu_capability']})"
+    return line
