@@ -6,7 +6,8 @@ per-turn layout (one row per (trajectory, turn), shuffled).  Each timing is the 
 interleaved runs, measured as process CPU time with one torch thread, of the full
 ``compute_correction`` (weights, keep-mask and every §7 metric); "core" times the weights alone (no
 metrics).  Ratios measured side by side in one run are the result; absolute times depend on
-the machine.  The last line is ``RESULT {json}``.
+the machine, which the header and the RESULT line record (``machine``: ``interq.machine.machine_info()`` at the
+start plus ``load_avg_end``).  The last line is ``RESULT {json}``.
 
     .venv/bin/python benchmarks/bench_corrections.py [--threads N] [--repeats N] [--quick]
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import statistics
 import time
@@ -23,6 +23,7 @@ import time
 import torch
 
 from interq.algo.corrections import _REGISTRY, CorrectionConfig, CorrectionMethod, _prepare, compute_correction
+from interq.machine import describe, load_avg, machine_info
 
 METHODS = ("tis", "prefix_is", "interq")
 
@@ -95,6 +96,8 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=30)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    machine = machine_info()  # at the start (load_avg_end added at the end)
+    print(f"machine: {describe(machine)}", flush=True)
     B, L, T = (16, 512, 8) if args.quick else (args.trajectories, args.tokens, args.turns)
 
     batches = {}
@@ -124,7 +127,7 @@ def main() -> int:
     w_pt = c.weights[inv].reshape(B, T * per)
     layout_err = float((w_pt - a.weights[:, : T * per]).abs().max())
 
-    print(f"corrections benchmark: {B} trajectories x {L} tokens x {T} turns; torch {torch.__version__}, {args.threads} thread(s), {platform.machine()}")
+    print(f"corrections benchmark: {B} trajectories x {L} tokens x {T} turns; torch {torch.__version__}, {args.threads} thread(s)")
     print(f"{'batch':<12} {'method':<10} {'rows':>6} {'tokens/row':>10} {'full cpu-ms':>11} {'(user)':>8} {'core cpu-ms':>11}")
     for name, meth, r, l, tf, tu, tc in rows:
         print(f"{name:<12} {meth:<10} {r:>6} {l:>10} {tf * 1e3:>11.1f} {tu * 1e3:>8.1f} {tc * 1e3:>11.1f}")
@@ -142,6 +145,7 @@ def main() -> int:
         "layout_max_abs_diff": layout_err,
         "batch": [B, L, T],
         "threads": args.threads,
+        "machine": {**machine, "load_avg_end": load_avg()},
     }
     print(
         "interq/tis = %.2f (core %.2f, user %.2f); interq 2x/1x = %.2f (user %.2f); layouts max |dw| = %.1e"

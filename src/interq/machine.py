@@ -106,3 +106,36 @@ def describe(info: dict) -> str:
     if "gpu" in info:
         line += f", GPU {info['gpu']} (sm {info['gpu_capability']})"
     return line
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str | torch.device, field: str = "device") -> torch.device:
+    """``auto`` -> ``cuda`` when a CUDA GPU is visible, else ``cpu``; ``cpu``; ``cuda`` / ``cuda:<i>`` (an error
+    naming ``field`` when no GPU is visible). Anything else is an error naming ``field`` and the accepted values."""
+    if isinstance(name, torch.device):
+        name = str(name)
+    if not isinstance(name, str) or not (name in DEVICES or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise ValueError(f"{field}={name!r} is not accepted; accepted: {', '.join(DEVICES)} or cuda:<index>")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"{field}={name!r}: no CUDA GPU is visible to torch {torch.__version__} "
+                         f"(torch.version.cuda={torch.version.cuda}); use {field}=cpu or auto")
+    return torch.device(name)
+
+
+def synchronize(device: str | torch.device | None) -> None:
+    """Wait for queued GPU work before reading a timer (a no-op on CPU)."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def bf16_native(device: str | torch.device | None = None) -> bool:
+    """bf16 GEMMs run in hardware here: a CUDA GPU of compute capability >= 8.0, or a CPU with AVX512_BF16/AMX."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(dev)[0] >= 8
+    return cpu_capability()["native_bf16"]
