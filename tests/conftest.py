@@ -18,7 +18,9 @@ def _seed():
 # missing (ALFWorld / textworld not importable, ScienceWorld not importable or no Java) fails instead: the README's
 # test command installs them, so such a skip means the set-up is broken, not that the test does not apply. Other
 # skips (verl, which has its own venv and `make test-verl`; platform conditions) stay skips.
-ENGINE_MODULES = ("alfworld", "textworld", "scienceworld")
+# Ray (the env workers' scale-out backend, tests/test_envs_ray_pool.py) is held to the same rule: the README's test
+# command installs it (TEST_EXTRAS), so a missing ray means the set-up is broken.
+ENGINE_MODULES = ("alfworld", "textworld", "scienceworld", "ray")
 _ENGINE_SKIP = re.compile(r"could not import '(%s)[.']|\bjava\b" % "|".join(ENGINE_MODULES), re.IGNORECASE)
 
 
@@ -40,7 +42,7 @@ def _engine_skip_to_failure(rep) -> None:
     if _ENGINE_SKIP.search(reason):
         rep.outcome = "failed"
         rep.longrepr = (f"INTERQ_REQUIRE_ENGINES is set but an environment engine is missing: {reason}\n"
-                        "install it with scripts/setup.sh alfworld scienceworld (ScienceWorld also needs Java: "
+                        "install it with scripts/setup.sh alfworld scienceworld ray (ScienceWorld also needs Java: "
                         "java -version), or unset INTERQ_REQUIRE_ENGINES to let these tests skip")
 
 

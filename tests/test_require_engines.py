@@ -25,6 +25,10 @@ def test_scienceworld_missing():
 def test_no_java():
     pytest.skip("Java is not installed")
 
+def test_ray_missing():  # the env workers' Ray backend: installed by the test command too
+    sys.modules["ray"] = None
+    pytest.importorskip("ray")
+
 def test_verl_missing():  # verl has its own venv and `make test-verl`: a skip in .venv
     sys.modules["verl"] = None
     pytest.importorskip("verl")
@@ -72,15 +76,15 @@ def suite(tmp_path):
 @pytest.mark.parametrize("require", [None, "0"])
 def test_without_the_switch_missing_engines_skip(suite, require):
     rc, out = _pytest(suite, "test_skips.py", require)
-    assert rc == 0 and _counts(out) == {"skipped": 5, "xfailed": 1}, out
+    assert rc == 0 and _counts(out) == {"skipped": 6, "xfailed": 1}, out
     rc, out = _pytest(suite, "test_module_skip.py", require)
     assert rc in (0, 5) and _counts(out) == {"skipped": 1}, out  # 5: no test collected (the module skipped)
 
 
 def test_with_the_switch_missing_engines_fail_and_other_skips_stay(suite):
     rc, out = _pytest(suite, "test_skips.py", "1")
-    assert rc == 1 and _counts(out) == {"failed": 3, "skipped": 2, "xfailed": 1}, out
-    for name in ("test_textworld_missing", "test_scienceworld_missing", "test_no_java"):
+    assert rc == 1 and _counts(out) == {"failed": 4, "skipped": 2, "xfailed": 1}, out
+    for name in ("test_textworld_missing", "test_scienceworld_missing", "test_no_java", "test_ray_missing"):
         assert re.search(rf"FAILED test_skips.py::{name}\b", out), name
     assert "INTERQ_REQUIRE_ENGINES is set but an environment engine is missing" in out
     assert re.search(r"SKIPPED \[1\] test_skips.py:\d+: could not import 'verl'", out), out
