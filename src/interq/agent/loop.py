@@ -13,6 +13,25 @@ Two layouts (interq-spec.md §5):
 * ``per_turn``: every turn is a fresh one-turn session whose prompt re-renders the task and the last
   ``history_turns`` (observation, action) pairs (verl-agent's windowed history). Each turn is one row, tagged
   with the episode (``traj_id``) and the turn index.
+
+Where the environments run (``envs``):
+
+* in this process (default, :class:`InProcessEnvs`): one fresh ``make_env()`` per episode, stepped one after
+  another, closed at the end (the household path: fast pure Python, nothing to overlap);
+* in an :class:`interq.envs.pool.EnvPool` of N worker processes (:class:`PooledEnvs`, ``env.num_workers``): each
+  turn's actions are stepped in all workers at once, so slow engines (ALFWorld, ScienceWorld) overlap each other,
+  and the workers (a JVM each for ScienceWorld) live for the whole run instead of being built per episode. A batch
+  of more episodes than workers is played in *waves* of N episodes, each wave to its end (a wave is the
+  in-process loop on its episodes: same seeds, same per-turn seeds, same sampling draws; the engine's generation
+  batch is the wave, so behaviour log-probs can differ from one big batch by float rounding of the padding).
+  Waves rather than refilling a slot as soon as its episode ends: every episode's KV cache, turn counter and
+  per-turn seeds stay as in-process and no row waits inside a batch; the cost is that a wave lasts as long as its
+  longest episode and generation runs at batch N. With N >= the batch, one wave: the in-process loop exactly.
+
+A worker that crashes or hangs costs only its episode: the pool returns a failure result, the episode ends there
+with ``Episode.failed`` set to the reason (its last turn recorded with reward 0 and not valid), the other episodes
+go on, and the pool replaces the worker at the next wave's reset. Environment time (resets and steps, seconds)
+is summed in ``envs.seconds``.
 """
 
 from __future__ import annotations
@@ -40,6 +59,7 @@ class Episode:
     terminated: bool = False
     truncated: bool = False                 # step limit or context limit
     context_truncated: bool = False
+    failed: str = ""                        # the environment's worker crashed or hung: the reason ("": it did not)
 
     @property
     def num_turns(self) -> int:
@@ -82,10 +102,82 @@ def make_render(show_admissible: bool = True, numbered: bool = False) -> Callabl
 default_render = make_render(True)
 
 
+class InProcessEnvs:
+    """The episodes' environments in this process: one fresh ``make_env()`` per episode, stepped one after another."""
+
+    capacity: int | None = None  # any number of episodes at once
+
+    def __init__(self, make_env: Callable[[], Any]):
+        self.make_env = make_env
+        self.envs: list[Any] = []
+        self.seconds = 0.0  # time in env reset / step
+
+    def reset(self, tasks: Sequence[TaskSpec]) -> list[Observation]:
+        import time
+
+        self.envs = [self.make_env() for _ in tasks]
+        t0 = time.perf_counter()
+        out = [env.reset(t) for env, t in zip(self.envs, tasks)]
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def parse_action(self, i: int, text: str) -> ParsedAction:
+        return self.envs[i].parse_action(text)
+
+    def step(self, actions: dict[int, str]) -> dict[int, Any]:
+        import time
+
+        t0 = time.perf_counter()
+        out = {i: self.envs[i].step(a) for i, a in actions.items()}
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def end(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+        self.envs = []
+
+
+class PooledEnvs:
+    """The episodes' environments in the worker processes of an :class:`interq.envs.pool.EnvPool` (slot i plays
+    the wave's episode i); the pool outlives the call (the caller closes it). Actions are parsed by the pool's
+    local env (``parse_action`` is pure)."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.capacity = pool.num_envs
+        self.seconds = 0.0
+
+    def reset(self, tasks: Sequence[TaskSpec]) -> list[Observation]:
+        import time
+
+        t0 = time.perf_counter()
+        out = self.pool.reset_batch(list(tasks))[: len(tasks)]
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def parse_action(self, i: int, text: str) -> ParsedAction:
+        return self.pool.parse_action(text)
+
+    def step(self, actions: dict[int, str]) -> dict[int, Any]:
+        import time
+
+        t0 = time.perf_counter()
+        res = self.pool.step_batch([actions.get(i) for i in range(self.pool.num_envs)])
+        self.seconds += time.perf_counter() - t0
+        return {i: res[i] for i in actions}
+
+    def end(self) -> None:
+        pass  # a slot still running an episode (cut by max_turns) is reset by the next wave
+
+
 def play_episodes(
     engine,
     chat_format,
-    make_env: Callable[[], Any],
+    make_env: Callable[[], Any] | None,
     tasks: Sequence[TaskSpec],
     seeds: Sequence[int],
     groups: Sequence[int],
@@ -97,34 +189,43 @@ def play_episodes(
     history_turns: int = 0,
     render: Callable[..., str] = default_render,
     action_by_index: bool = False,
+    envs: InProcessEnvs | PooledEnvs | None = None,
 ) -> list[Episode]:
     """Play ``len(tasks)`` episodes (episode i: ``tasks[i]``, sampling seed ``seeds[i]``) to the end.
 
     ``action_by_index``: the agent answers with the number of an action in the observation's admissible list
     (rendered numbered); anything else is an unparseable action (penalty, passed on as-is).
+    ``envs``: where the environments run (module docstring); default ``InProcessEnvs(make_env)``. Episodes are
+    played in waves of ``envs.capacity`` (all at once in-process).
     """
     if not (len(tasks) == len(seeds) == len(groups)):
         raise ValueError(f"tasks, seeds and groups must have the same length, got {len(tasks)}, {len(seeds)}, {len(groups)}")
     if layout not in ("concatenated", "per_turn"):
         raise ValueError(f"layout={layout!r}; accepted: 'concatenated', 'per_turn'")
-    envs = [make_env() for _ in tasks]
+    if envs is None:
+        if make_env is None:
+            raise ValueError("play_episodes needs make_env or envs")
+        envs = InProcessEnvs(make_env)
     episodes = [Episode(task=t, group=int(g), seed=int(s)) for t, s, g in zip(tasks, seeds, groups)]
-    current = [env.reset(t) for env, t in zip(envs, tasks)]
-    history: list[list[tuple[str, str]]] = [[] for _ in tasks]
-    try:
-        if layout == "concatenated":
-            _play_concatenated(engine, chat_format, envs, episodes, current, history, sampling, max_turns,
-                               invalid_action_penalty, render, action_by_index)
-        else:
-            _play_per_turn(engine, chat_format, envs, episodes, current, history, sampling, max_turns,
-                           invalid_action_penalty, history_turns, render, action_by_index)
-    finally:
-        for env in envs:
-            try:
-                env.close()
-            except Exception:
-                pass
+    wave = envs.capacity or max(len(episodes), 1)
+    for w0 in range(0, len(episodes), wave):
+        _play_wave(engine, chat_format, envs, episodes[w0: w0 + wave], sampling, max_turns, invalid_action_penalty,
+                   layout, history_turns, render, action_by_index)
     return episodes
+
+
+def _play_wave(engine, fmt, envs, episodes, sampling, max_turns, penalty, layout, window, render, by_index) -> None:
+    history: list[list[tuple[str, str]]] = [[] for _ in episodes]
+    try:
+        current = envs.reset([ep.task for ep in episodes])
+        if layout == "concatenated":
+            _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, render,
+                               by_index)
+        else:
+            _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, window,
+                           render, by_index)
+    finally:
+        envs.end()
 
 
 def parse_index(text: str, admissible: Sequence[str] | None) -> ParsedAction:
@@ -135,27 +236,37 @@ def parse_index(text: str, admissible: Sequence[str] | None) -> ParsedAction:
     return ParsedAction(s, False)
 
 
-def _apply(i: int, envs, episodes, current, history, text: str, penalty: float, by_index: bool, max_turns: int) -> bool:
-    """Parse and step episode ``i``'s action; record reward, anchor and history, advance ``current[i]``,
-    enforce the turn limit; return whether the episode is done (both layouts share this)."""
-    env, ep, obs = envs[i], episodes[i], current[i]
-    parsed = parse_index(text, obs.admissible_actions) if by_index else env.parse_action(text)
-    ep.anchors.append(obs.anchor or obs.text)
-    ep.actions.append(parsed.action)
-    result = env.step(parsed.action)
-    valid = bool(parsed.valid and result.info.get("valid_action", True))
-    ep.valid.append(valid)
-    ep.rewards.append(float(result.reward) - (0.0 if parsed.valid else penalty))
-    if result.info.get("won"):
-        ep.won = True
-    ep.terminated = bool(result.terminated)
-    ep.truncated = bool(result.truncated)
-    done = bool(result.terminated or result.truncated)
-    history[i].append((obs.text, ep.actions[-1]))
-    current[i] = result.observation
-    if not done and ep.num_turns >= max_turns:
-        ep.truncated, done = True, True
-    return done
+def _apply(envs, episodes, current, history, texts: dict[int, str], penalty: float, by_index: bool,
+           max_turns: int) -> dict[int, bool]:
+    """Parse the acting episodes' actions, step them in their environments together, record reward, anchor and
+    history, advance ``current``, enforce the turn limit; return {episode: done} (both layouts share this)."""
+    parsed = {i: parse_index(text, current[i].admissible_actions) if by_index else envs.parse_action(i, text)
+              for i, text in texts.items()}
+    results = envs.step({i: p.action for i, p in parsed.items()})
+    done_of = {}
+    for i, p in parsed.items():
+        ep, obs, result = episodes[i], current[i], results[i]
+        ep.anchors.append(obs.anchor or obs.text)
+        ep.actions.append(p.action)
+        failure = result.info.get("failure")
+        valid = bool(p.valid and result.info.get("valid_action", True))
+        ep.valid.append(valid)
+        if failure:  # the worker crashed or hung: the episode ends here, failed (not the policy's doing)
+            ep.failed = str(failure)
+            ep.rewards.append(0.0)
+        else:
+            ep.rewards.append(float(result.reward) - (0.0 if p.valid else penalty))
+        if result.info.get("won"):
+            ep.won = True
+        ep.terminated = bool(result.terminated)
+        ep.truncated = bool(result.truncated)
+        done = bool(result.terminated or result.truncated)
+        history[i].append((obs.text, ep.actions[-1]))
+        current[i] = result.observation
+        if not done and ep.num_turns >= max_turns:
+            ep.truncated, done = True, True
+        done_of[i] = done
+    return done_of
 
 
 def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, render, by_index):
@@ -166,17 +277,19 @@ def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, 
     while obs_ids:
         out = batch.step(obs_ids)
         obs_ids = {}
+        texts = {}
         for i, r in out.items():
             ep = episodes[i]
             text = chats[i].action(r.action_ids)
             if r.truncated:  # context limit: the engine has already closed the episode
                 ep.truncated = ep.context_truncated = True
                 continue
-            done = _apply(i, envs, episodes, current, history, text, penalty, by_index, max_turns)
+            texts[i] = text
+        for i, done in _apply(envs, episodes, current, history, texts, penalty, by_index, max_turns).items():
             if done:
                 batch.finish(i)
             else:
-                obs_ids[i] = chats[i].observation(render(ep.task, current[i], turn + 1, history[i], None))
+                obs_ids[i] = chats[i].observation(render(episodes[i].task, current[i], turn + 1, history[i], None))
         turn += 1
     for i, ep in enumerate(episodes):
         ep.rows = [batch.trajectory(i)]
@@ -192,7 +305,7 @@ def _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_
         obs_ids = {j: chats[j].observation(render(episodes[i].task, current[i], turn, history[i], window))
                    for j, i in enumerate(live)}
         out = batch.step(obs_ids)
-        still = []
+        texts = {}
         for j, i in enumerate(live):
             ep, r = episodes[i], out[j]
             text = chats[j].action(r.action_ids)
@@ -203,8 +316,7 @@ def _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_
                 ep.truncated = ep.context_truncated = True
                 ep.rows.pop()  # a prompt that did not fit has no action to train on
                 continue
-            done = _apply(i, envs, episodes, current, history, text, penalty, by_index, max_turns)
-            if not done:
-                still.append(i)
-        live = still
+            texts[i] = text
+        done = _apply(envs, episodes, current, history, texts, penalty, by_index, max_turns)
+        live = [i for i in live if i in done and not done[i]]
         turn += 1

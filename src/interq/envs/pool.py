@@ -399,11 +399,19 @@ class EnvPool:
 
 class FaultInjectionEnv:
     """Wraps an env factory; the actions ``__die__`` (SIGKILL itself), ``__hang__`` (sleep forever) and
-    ``__raise__`` (RuntimeError) inject worker failures. Everything else is passed through."""
+    ``__raise__`` (RuntimeError) inject worker failures. Everything else is passed through.
 
-    def __init__(self, env_fn: Callable[[], Env]):
+    ``die_at_step`` / ``hang_at_step`` ({task_id: k}) inject the same failures at the k-th step (1-based) of an
+    episode of that task, whatever the action (for failures in the middle of a policy's episodes)."""
+
+    def __init__(self, env_fn: Callable[[], Env], die_at_step: dict[str, int] | None = None,
+                 hang_at_step: dict[str, int] | None = None):
         self.inner = env_fn()
         self.name = self.inner.name
+        self.die_at_step = dict(die_at_step or {})
+        self.hang_at_step = dict(hang_at_step or {})
+        self._task_id: str | None = None
+        self._steps = 0
 
     def tasks(self, split: str) -> list[TaskSpec]:
         return self.inner.tasks(split)
@@ -411,12 +419,14 @@ class FaultInjectionEnv:
     def reset(self, task: TaskSpec) -> Observation:
         if task.task_id.endswith("__die_on_reset__"):
             os.kill(os.getpid(), signal.SIGKILL)
+        self._task_id, self._steps = task.task_id, 0
         return self.inner.reset(task)
 
     def step(self, action: str) -> StepResult:
-        if action == "__die__":
+        self._steps += 1
+        if action == "__die__" or self.die_at_step.get(self._task_id) == self._steps:
             os.kill(os.getpid(), signal.SIGKILL)
-        if action == "__hang__":
+        if action == "__hang__" or self.hang_at_step.get(self._task_id) == self._steps:
             while True:
                 time.sleep(3600)
         if action == "__raise__":

@@ -3,6 +3,7 @@ format, executor, demos). Components take plain arguments; only this module read
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 
-from interq.agent.loop import default_render
+from interq.agent.loop import default_render, make_render
 from interq.envs.base import TaskSpec
 from interq.train.config import ConfigError, EnvConfig, RolloutConfig, RunConfig
 
@@ -30,7 +31,7 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
             ToyEnv(**kwargs)
         except (ValueError, TypeError) as e:
             raise ConfigError(f"env.name='toy' / env.env_kwargs={kwargs}: {e}") from e
-        return lambda: ToyEnv(**kwargs)
+        return functools.partial(ToyEnv, **kwargs)  # picklable: worker processes build it (env.num_workers)
     try:
         from interq.envs import make_env
     except ImportError as e:  # pragma: no cover - depends on the environments package
@@ -44,7 +45,46 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
         raise ConfigError(f"env.name={cfg.name!r}: {e}") from e
     except (KeyError, ValueError, TypeError, MissingDependency, FileNotFoundError) as e:
         raise ConfigError(f"env.name={cfg.name!r} / env.env_kwargs={kwargs}: {e}") from e
-    return lambda: make_env(cfg.name, **kwargs)
+    return functools.partial(make_env, cfg.name, **kwargs)  # picklable: worker processes build it (env.num_workers)
+
+
+def env_runner(cfg: EnvConfig, make_env: Callable[[], Any]):
+    """Where the agent loop runs the environments (``interq.agent.loop``): in this process (``env.num_workers=0``)
+    or an :class:`~interq.envs.pool.EnvPool` of ``env.num_workers`` worker processes, started here (the caller
+    closes ``runner.pool``). ``make_env`` must be picklable for a pool (:func:`env_factory`'s is)."""
+    from interq.agent.loop import InProcessEnvs, PooledEnvs
+
+    if cfg.num_workers == 0:
+        return InProcessEnvs(make_env)
+    from interq.envs.pool import EnvPool
+
+    pool = EnvPool(make_env, cfg.num_workers, step_timeout_s=cfg.step_timeout_s,
+                   reset_timeout_s=max(cfg.step_timeout_s, 60.0))
+    return PooledEnvs(pool)
+
+
+def agent_render(cfg: RunConfig) -> Callable[..., str]:
+    """The observation renderer of ``env.prompt``: the compact one (tiny policy) or verl-agent's prompt."""
+    from interq.train.config import resolve_auto
+
+    e = resolve_auto(cfg).env
+    if e.prompt == "verl_agent":
+        from interq.envs.prompting import make_prompt_render
+
+        return make_prompt_render(e.name, e.show_admissible)
+    return make_render(e.show_admissible, e.action_format == "index")
+
+
+def demo_answer(cfg: RunConfig) -> Callable[[str], str] | None:
+    """How an expert action is written as the policy's answer in the warm start: in ``<action>`` tags under
+    verl-agent's prompt (the answer format it asks for), else as is (None)."""
+    from interq.train.config import resolve_auto
+
+    if resolve_auto(cfg).env.prompt == "verl_agent":
+        from interq.envs.prompting import format_action
+
+        return format_action
+    return None
 
 
 def split_tasks(make_env: Callable[[], Any], cfg: EnvConfig,
@@ -98,9 +138,11 @@ class Demo:
 
 def collect_demos(make_env: Callable[[], Any], tasks: list[TaskSpec], num_demos: int, noise: float, seed: int,
                   max_turns: int, layout: str = "concatenated", history_turns: int = 0,
-                  render: Callable[..., str] = default_render, by_index: bool = False) -> list[Demo]:
+                  render: Callable[..., str] = default_render, by_index: bool = False,
+                  answer: Callable[[str], str] | None = None) -> list[Demo]:
     """Expert episodes with a share ``noise`` of random admissible actions, rendered like the agent loop.
     ``by_index``: the recorded answer is the action's number in the admissible list (``env.action_format``).
+    ``answer``: how an action text is written as the answer (:func:`demo_answer`; default: as is).
 
     An episode stops (its earlier turns kept, ``Demo.stopped`` saying why) where the expert has no action (None:
     nothing is stepped) or, with ``by_index``, gives one that is not in the admissible list (it has no number to
@@ -127,7 +169,7 @@ def collect_demos(make_env: Callable[[], Any], tasks: list[TaskSpec], num_demos:
                     stopped = f"turn {t}: the expert's action {action!r} is not in the admissible list"
                     break
                 texts.append(render(task, obs, t, hist, window))
-                actions.append(str(adm.index(action) + 1) if by_index else action)
+                actions.append(str(adm.index(action) + 1) if by_index else answer(action) if answer else action)
                 res = env.step(action)
                 hist.append((obs.text, action))
                 obs = res.observation

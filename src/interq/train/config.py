@@ -35,6 +35,9 @@ EXECUTORS = ("bf16", "fp32", "w8a8")
 ARCHS = ("qwen3", "qwen3_moe")
 DTYPES = ("float32", "bfloat16")
 ARMS = ("bf16", "q-naive", "q-tis", "q-align", "q-interq")
+ACTION_FORMATS = ("text", "index", "auto")
+PROMPTS = ("compact", "verl_agent", "auto")
+ARM_BASE = "household"  # the preset the arm presets build on; ``env.name=<env>`` puts them on ``<env>.yaml`` instead
 
 
 class ConfigError(ValueError):
@@ -78,9 +81,12 @@ class EnvConfig:
     task_types: str = ""                # comma-separated task types to keep (empty: all), e.g. pick_and_place
     max_turns: int = 12                 # environment step limit per episode (truncation)
     show_admissible: bool = True        # list the admissible actions in every observation
-    action_format: str = "text"         # text: the agent writes the action; index: its number in the listed actions
+    action_format: str = "text"         # text: the agent writes the action; index: its number in the listed actions; auto: text for a pretrained model.source, index for tiny (resolved when the config is built)
+    prompt: str = "compact"             # compact: interq.agent.loop.make_render (a tiny policy); verl_agent: interq.envs.prompting.build_prompt (a chat model; text actions in <action> tags); auto: verl_agent for a pretrained model.source, compact for tiny
     invalid_action_penalty: float = 0.1  # spec §6
     env_kwargs: dict = field(default_factory=dict)  # extra keyword arguments for make_env
+    num_workers: int = 0                # 0: environments in the trainer's process, stepped one by one; N > 0: an EnvPool of N worker processes stepping a step's episodes in parallel (in waves of N; a crashed or hung worker costs only its episode)
+    step_timeout_s: float = 300.0       # num_workers > 0: a worker that does not answer a step (or reset) within this many seconds is killed and its episode recorded as failed
 
 
 @dataclass(frozen=True)
@@ -278,8 +284,9 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("interq.presets").iterdir() if p.name.endswith(".yaml"))
 
 
-def load_preset(name: str, _chain: tuple[str, ...] = ()) -> dict:
-    """The preset's nested dict (resolving ``base:`` chains). ``name`` is a preset name or a YAML path."""
+def load_preset(name: str, _chain: tuple[str, ...] = (), rebase: dict[str, str] | None = None) -> dict:
+    """The preset's nested dict (resolving ``base:`` chains). ``name`` is a preset name or a YAML path.
+    ``rebase`` maps a base preset to the one to use in its place (``{"household": "alfworld"}``)."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"preset: expected a preset name or a .yaml path, got {name!r}; accepted: {preset_names()}")
     if name in _chain:
@@ -300,18 +307,76 @@ def load_preset(name: str, _chain: tuple[str, ...] = ()) -> dict:
         raise ConfigError(f"preset {name!r}: expected a mapping at the top level")
     base = data.pop("base", None)
     if base:
-        data = _deep_merge(load_preset(base, (*_chain, name)), data)
+        base = (rebase or {}).get(base, base)
+        data = _deep_merge(load_preset(base, (*_chain, name), rebase), data)
     return data
 
 
+def _preset_chain(name: str) -> list[str]:
+    """The names of ``name``'s preset and its ``base:`` chain (empty where one is not a readable preset)."""
+    out: list[str] = []
+    while name and name not in out:
+        res = resources.files("interq.presets") / f"{name}.yaml"
+        path = Path(name)
+        text = path.read_text() if path.suffix in (".yaml", ".yml") and path.is_file() else res.read_text() if res.is_file() else None
+        if text is None:
+            break
+        out.append(name)
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError:
+            break
+        name = data.get("base") if isinstance(data, dict) else None
+    return out
+
+
+def env_preset_for(preset: str | None, env_name: Any) -> str | None:
+    """The environment preset an arm preset is put on when the command line names another environment.
+
+    The arm presets (``bf16``, ``q-*``) build on ``household``; with ``env.name=alfworld`` (``scienceworld``,
+    ``synthshop``) they build on that environment's preset instead (its splits, turn limit, warm start and
+    engine settings), so ``--preset q-interq env.name=alfworld`` is the q-interq arm on ALFWorld. None when
+    nothing is to be swapped (no such preset, or the preset does not build on ``household``)."""
+    if not isinstance(env_name, str) or not env_name or env_name == ARM_BASE:
+        return None
+    if not (resources.files("interq.presets") / f"{env_name}.yaml").is_file():
+        return None
+    chain = _preset_chain(preset or "")
+    if ARM_BASE not in chain[1:] or env_name in chain:
+        return None
+    return env_name
+
+
+def resolve_auto(cfg: "RunConfig") -> "RunConfig":
+    """``env.action_format=auto`` / ``env.prompt=auto`` -> concrete values by the policy: a pretrained chat model
+    (``model.source`` not ``tiny``) writes the action text in ``<action>`` tags under verl-agent's prompt; the tiny
+    policy answers with an action's number under the compact prompt (it cannot yet copy action text)."""
+    pretrained = cfg.model.source != "tiny"
+    e = cfg.env
+    fmt = ("text" if pretrained else "index") if e.action_format == "auto" else e.action_format
+    prompt = ("verl_agent" if pretrained else "compact") if e.prompt == "auto" else e.prompt
+    if (fmt, prompt) == (e.action_format, e.prompt):
+        return cfg
+    return replace(cfg, env=replace(e, action_format=fmt, prompt=prompt))
+
+
 def build_config(preset: str | None = None, overrides: list[str] | None = None, extra: dict | None = None) -> RunConfig:
-    """Preset (optional) <- ``extra`` dict <- command-line overrides; validated."""
-    data: dict = load_preset(preset) if preset else {}
+    """Preset (optional) <- ``extra`` dict <- command-line overrides; validated.
+
+    An arm preset with ``env.name=<env>`` among the overrides (or in ``extra``) builds on ``<env>``'s preset in
+    place of ``household`` (:func:`env_preset_for`); its run is then named ``<arm>-<env>`` unless ``name`` is
+    given. ``auto`` values are resolved (:func:`resolve_auto`)."""
+    over = _deep_merge(extra or {}, parse_overrides(overrides) if overrides else {})
+    env_over = over.get("env") if isinstance(over.get("env"), dict) else {}
+    target = env_preset_for(preset, env_over.get("name"))
+    data: dict = load_preset(preset, rebase={ARM_BASE: target} if target else None) if preset else {}
+    if target and "name" not in over and isinstance(data.get("name"), str):
+        data["name"] = f"{data['name']}-{target}"
     if extra:
         data = _deep_merge(data, extra)
     if overrides:
         data = _deep_merge(data, parse_overrides(overrides))
-    cfg = from_dict(RunConfig, data)
+    cfg = resolve_auto(from_dict(RunConfig, data))
     validate(cfg)
     return cfg
 
@@ -321,13 +386,13 @@ def save_config(cfg: RunConfig, path: str | Path) -> None:
 
 
 def load_config(path: str | Path) -> RunConfig:
-    cfg = from_dict(RunConfig, yaml.safe_load(Path(path).read_text()))
+    cfg = resolve_auto(from_dict(RunConfig, yaml.safe_load(Path(path).read_text())))
     validate(cfg)
     return cfg
 
 
 def with_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    cfg = from_dict(RunConfig, _deep_merge(to_dict(cfg), parse_overrides(overrides)))
+    cfg = resolve_auto(from_dict(RunConfig, _deep_merge(to_dict(cfg), parse_overrides(overrides))))
     validate(cfg)
     return cfg
 
@@ -383,10 +448,18 @@ def validate(cfg: RunConfig) -> None:
     _positive("env.num_train_tasks", e.num_train_tasks, allow_zero=True)
     _positive("env.num_eval_tasks", e.num_eval_tasks, allow_zero=True)
     _positive("env.max_turns", e.max_turns)
-    _one_of("env.action_format", e.action_format, ("text", "index"))
+    _one_of("env.action_format", e.action_format, ACTION_FORMATS)
     if e.action_format == "index" and not e.show_admissible:
         raise ConfigError("env.action_format='index' needs env.show_admissible=true (the agent picks from the listed actions)")
+    _one_of("env.prompt", e.prompt, PROMPTS)
+    if e.prompt == "verl_agent" and e.action_format == "index":
+        raise ConfigError("env.prompt='verl_agent' needs env.action_format='text' (its answer is the action text in "
+                          "<action> tags); use env.prompt='compact' for index answers")
     _positive("env.invalid_action_penalty", e.invalid_action_penalty, allow_zero=True)
+    if isinstance(e.num_workers, bool) or not isinstance(e.num_workers, int) or e.num_workers < 0:
+        raise ConfigError(f"env.num_workers={e.num_workers!r} is not accepted; it must be an integer >= 0 "
+                          "(0: in-process, N: an EnvPool of N worker processes)")
+    _positive("env.step_timeout_s", e.step_timeout_s)
 
     w = cfg.warm_start
     _positive("warm_start.num_demos", w.num_demos, allow_zero=not w.enabled)
@@ -485,7 +558,7 @@ def describe(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, An
 
 __all__ = [
     "ARMS", "AlgoConfig", "ConfigError", "NonFiniteTrainingError", "EnvConfig", "ModelConfig", "OptimConfig", "RolloutConfig",
-    "RunConfig", "TrainConfig", "WarmStartConfig", "build_config", "describe", "from_dict", "load_config",
-    "load_preset", "parse_overrides", "preset_names", "replace", "save_config", "to_dict", "validate",
+    "RunConfig", "TrainConfig", "WarmStartConfig", "build_config", "describe", "env_preset_for", "from_dict",
+    "load_config", "load_preset", "parse_overrides", "preset_names", "replace", "resolve_auto", "save_config", "to_dict", "validate",
     "with_overrides",
 ]

@@ -32,8 +32,8 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, 
     import os
     import tempfile
 
-    from interq.agent.loop import make_render
-    from interq.train.build import chat_format, collect_demos, demo_rows, demo_texts, env_factory, split_tasks
+    from interq.train.build import (agent_render, chat_format, collect_demos, demo_answer, demo_rows, demo_texts,
+                                    env_factory, split_tasks)
     from interq.train.policy import build_tiny_policy, describe_policy, load_policy, save_policy
     from interq.train.provenance import settle, warm_start_differences, write_warm_start_provenance
     from interq.train.sft import run_sft
@@ -51,14 +51,14 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, 
     train_tasks, _ = split_tasks(make_env, cfg.env, env_info)
     w = cfg.warm_start
     by_index = cfg.env.action_format == "index"
-    render = make_render(cfg.env.show_admissible, by_index)
+    render, answer = agent_render(cfg), demo_answer(cfg)  # env.prompt: compact, or verl-agent's with <action> tags
     n_demos = max(w.num_demos, 32) if cfg.model.source == "tiny" else w.num_demos
     demos = collect_demos(make_env, train_tasks, n_demos, w.noise if w.enabled else 0.0, w.seed, cfg.env.max_turns,
-                          cfg.algo.layout, cfg.rollout.history_turns, render, by_index)
+                          cfg.algo.layout, cfg.rollout.history_turns, render, by_index, answer)
     if cfg.model.source == "tiny":
         # the tokenizer is trained on expert text without noise so every admissible action is in its corpus
         clean = collect_demos(make_env, train_tasks, min(len(train_tasks), 64), 0.0, w.seed + 1, cfg.env.max_turns,
-                              cfg.algo.layout, cfg.rollout.history_turns, render, by_index)
+                              cfg.algo.layout, cfg.rollout.history_turns, render, by_index, answer)
         model, tokenizer = build_tiny_policy(cfg.model, demo_texts(demos + clean), seed=cfg.train.seed)
     else:
         model, tokenizer = load_policy(cfg.model.source, cfg.model.dtype)

@@ -96,6 +96,8 @@ def warm_start_inputs(cfg: RunConfig) -> dict[str, Any]:
             model["model.source_files_sha256"] = files_sha256(m.source)
     env = {f"env.{k}": getattr(e, k) for k in ("name", "env_kwargs", "train_split", "task_types", "num_train_tasks",
                                                "max_turns", "show_admissible", "action_format")}
+    if e.prompt != "compact":  # recorded only off its default, so warm starts made before the field stay reusable
+        env["env.prompt"] = e.prompt
     return _plain({**model, **env, **{f"warm_start.{k}": v for k, v in to_dict(cfg.warm_start).items()},
                    "algo.layout": cfg.algo.layout, "rollout.history_turns": cfg.rollout.history_turns})
 

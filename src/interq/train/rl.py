@@ -26,8 +26,14 @@ correction is a pure function of log-probs already computed.
 
 Deliberate departures from the paper (arXiv 2610.35303, only its abstract is public):
 
-* The environments run in-process (the household environment is pure Python); the crash-surviving worker pool
-  is not used by this loop.
+* The environments run in-process by default (the household environment is pure Python); ``env.num_workers=N``
+  steps them in an ``EnvPool`` of N worker processes (slow engines: ALFWorld, ScienceWorld), in waves of N
+  episodes (:mod:`interq.agent.loop`). Generation and environment steps alternate; they do not overlap.
+* An episode whose environment worker crashed or hung (``Episode.failed``) is reported (``env/failed_episodes``)
+  and not trained on: its truncated reward says nothing about the policy, so it is left out of the batch and of
+  its task group's advantage baseline (spec §6 groups the episodes that were played; envs.md: a failed episode is
+  reported, never silently dropped). It counts as not won in ``rollout/success`` and ``eval/success``. A step
+  whose every episode failed makes no update (``optim/steps`` 0).
 * Micro-batches hold whole trajectories (all per-turn rows of an episode together) so that, when the proximal
   pass is skipped, each micro-batch's correction sees the full history of its states; the correction metrics
   are recomputed on the whole batch afterwards (no forward pass).
@@ -48,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from interq.agent.loop import Episode, make_render, play_episodes
+from interq.agent.loop import Episode, play_episodes
 from interq.train.config import AlgoConfig, NonFiniteTrainingError, RunConfig
 
 # ---------------------------------------------------------------------------------------------- advantages
@@ -315,24 +321,33 @@ def sampling_params(cfg: RunConfig, fmt, temperature: float | None = None):
                           max_action_tokens=r.max_action_tokens, stop_token_ids=tuple(fmt.stop_token_ids))
 
 
-def rollout(engine, fmt, make_env, tasks, seeds, groups, sampling, cfg: RunConfig) -> list[Episode]:
+def rollout(engine, fmt, make_env, tasks, seeds, groups, sampling, cfg: RunConfig, envs=None) -> list[Episode]:
+    """Play the episodes (``envs``: where the environments run, :func:`interq.train.build.env_runner`; default
+    in-process ``make_env()`` per episode)."""
+    from interq.train.build import agent_render
+    from interq.train.config import resolve_auto
+
+    by_index = resolve_auto(cfg).env.action_format == "index"
     return play_episodes(engine, fmt, make_env, tasks, seeds, groups, sampling, max_turns=cfg.env.max_turns,
                          invalid_action_penalty=cfg.env.invalid_action_penalty, layout=cfg.algo.layout,
-                         history_turns=cfg.rollout.history_turns,
-                         render=make_render(cfg.env.show_admissible, cfg.env.action_format == "index"),
-                         action_by_index=cfg.env.action_format == "index")
+                         history_turns=cfg.rollout.history_turns, render=agent_render(cfg),
+                         action_by_index=by_index, envs=envs)
 
 
 def episode_stats(episodes: list[Episode], prefix: str) -> dict:
     n = max(len(episodes), 1)
-    return {f"{prefix}/success": sum(ep.won for ep in episodes) / n,
-            f"{prefix}/return": sum(ep.episode_return for ep in episodes) / n,
-            f"{prefix}/length": sum(ep.num_turns for ep in episodes) / n,
-            f"{prefix}/invalid_frac": sum(1 - v for ep in episodes for v in ep.valid) / max(sum(ep.num_turns for ep in episodes), 1),
-            f"{prefix}/context_truncated_frac": sum(ep.context_truncated for ep in episodes) / n}
+    out = {f"{prefix}/success": sum(ep.won for ep in episodes) / n,
+           f"{prefix}/return": sum(ep.episode_return for ep in episodes) / n,
+           f"{prefix}/length": sum(ep.num_turns for ep in episodes) / n,
+           f"{prefix}/invalid_frac": sum(1 - v for ep in episodes for v in ep.valid) / max(sum(ep.num_turns for ep in episodes), 1),
+           f"{prefix}/context_truncated_frac": sum(ep.context_truncated for ep in episodes) / n}
+    failed = sum(bool(ep.failed) for ep in episodes)
+    if failed:  # only with worker processes (env.num_workers); "env/failed_episodes" is always logged by train()
+        out[f"{prefix}/failed_episodes"] = failed
+    return out
 
 
-def evaluate(engine, fmt, make_env, tasks, cfg: RunConfig) -> dict:
+def evaluate(engine, fmt, make_env, tasks, cfg: RunConfig, envs=None) -> dict:
     """Held-out success, return and length: fixed seeds shared by all arms and steps."""
     if not tasks:
         return {}
@@ -340,7 +355,7 @@ def evaluate(engine, fmt, make_env, tasks, cfg: RunConfig) -> dict:
     ts = [t for t in tasks for _ in range(k)]
     seeds = [10_000_019 + i for i in range(len(ts))]
     eps = rollout(engine, fmt, make_env, ts, seeds, list(range(len(ts))),
-                  sampling_params(cfg, fmt, cfg.train.eval_temperature), cfg)
+                  sampling_params(cfg, fmt, cfg.train.eval_temperature), cfg, envs)
     # per-episode outcomes in task order ("0"/"1"): arms share tasks and seeds, so they can be compared paired
     return {**episode_stats(eps, "eval"), "eval/outcomes": "".join("1" if ep.won else "0" for ep in eps)}
 
@@ -368,7 +383,7 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     :class:`~interq.train.provenance.StaleResultError` before anything in ``run_dir`` is touched.
     """
     from interq.rollout import RolloutEngine
-    from interq.train.build import build_executor, chat_format
+    from interq.train.build import build_executor, chat_format, env_runner
     from interq.train.checkpoint import discard_checkpoints, resume_checkpoint, save_checkpoint
     from interq.train.logging import RunLogger, read_jsonl
     from interq.train.provenance import StaleResultError, run_differences, stale_message, write_run_record
@@ -397,30 +412,41 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     logger.truncate_after(start if start else -1)  # from scratch: no record of an earlier attempt survives
     engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
                            max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
-    if start == 0 and t.eval_every_steps:
-        t0 = time.perf_counter()
-        logger.log({"step": 0, **evaluate(engine, fmt, make_env, eval_tasks, cfg), "time/eval": time.perf_counter() - t0})
+    envs = env_runner(cfg.env, make_env)  # in-process, or the worker pool of env.num_workers (closed below)
     bad_in_a_row = 0  # consecutive steps whose every optimizer step was skipped (non-finite loss or gradient)
     try:
+        if start == 0 and t.eval_every_steps:
+            t0 = time.perf_counter()
+            logger.log({"step": 0, **evaluate(engine, fmt, make_env, eval_tasks, cfg, envs),
+                        "time/eval": time.perf_counter() - t0})
         for step in range(start + 1, t.steps + 1):
             rec: dict = {"step": step}
             t0 = time.perf_counter()
+            env_s0, restarts0 = envs.seconds, _restarts(envs)
             tasks, seeds, groups = step_tasks(train_tasks, cfg, step)
-            episodes = rollout(engine, fmt, make_env, tasks, seeds, groups, sampling_params(cfg, fmt), cfg)
-            batch = build_batch(episodes, cfg.algo, fmt.pad_token_id)
+            episodes = rollout(engine, fmt, make_env, tasks, seeds, groups, sampling_params(cfg, fmt), cfg, envs)
+            trained = [ep for ep in episodes if not ep.failed]  # a failed worker's episode is not trained on
+            env_s = envs.seconds - env_s0
             t1 = time.perf_counter()
-            rec.update(update(learner, batch, cfg, step))
+            if trained:
+                batch = build_batch(trained, cfg.algo, fmt.pad_token_id)
+                rec.update(update(learner, batch, cfg, step))
+                batch_rec = {"batch/rows": int(batch.input_ids.shape[0]), "batch/action_tokens": int(batch.action_mask.sum()),
+                             "batch/tokens": int(batch.attention_mask.sum())}
+            else:
+                rec.update({"optim/steps": 0, "optim/nonfinite_steps": 0})
+                batch_rec = {"batch/rows": 0, "batch/action_tokens": 0, "batch/tokens": 0}
             bad_in_a_row = bad_in_a_row + 1 if rec["optim/nonfinite_steps"] and not rec["optim/steps"] else 0
             t2 = time.perf_counter()
             sync_s = executor.sync(model)
             t3 = time.perf_counter()
             rec.update(episode_stats(episodes, "rollout"))
             rec.update({"time/rollout": t1 - t0, "time/learner": t2 - t1, "time/sync": t3 - t2, "sync/seconds": sync_s,
-                        "batch/rows": int(batch.input_ids.shape[0]), "batch/action_tokens": int(batch.action_mask.sum()),
-                        "batch/tokens": int(batch.attention_mask.sum())})
+                        "time/env": env_s, "env/failed_episodes": len(episodes) - len(trained),
+                        "env/worker_restarts": _restarts(envs) - restarts0, **batch_rec})
             if t.eval_every_steps and (step % t.eval_every_steps == 0 or step == t.steps):
                 te = time.perf_counter()
-                rec.update(evaluate(engine, fmt, make_env, eval_tasks, cfg))
+                rec.update(evaluate(engine, fmt, make_env, eval_tasks, cfg, envs))
                 rec["time/eval"] = time.perf_counter() - te
             logger.log(rec)
             if bad_in_a_row >= cfg.optim.max_nonfinite_steps:
@@ -432,4 +458,12 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
                 save_checkpoint(run_dir, step, model, tokenizer, learner.optimizer, cfg)
     finally:
         logger.close()
+        if getattr(envs, "pool", None) is not None:
+            envs.pool.close()
     return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def _restarts(envs) -> int:
+    """Worker processes the pool has replaced so far (0 in-process)."""
+    pool = getattr(envs, "pool", None)
+    return sum(pool.restarts) if pool is not None else 0
