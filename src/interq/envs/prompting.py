@@ -8,6 +8,9 @@ applies the chat template.
     prompt = build_prompt(spec.description, obs.text, obs.admissible_actions,
                           history=[(o1, a1), (o2, a2)], step=2)
     target = format_action("go to fridge 1")   # "<action>go to fridge 1</action>" (SFT targets)
+
+``make_prompt_render(env_name)`` gives the agent loop's ``render`` built on ``build_prompt`` (the trainer's
+``env.prompt=verl_agent``).
 """
 
 from __future__ import annotations
@@ -83,3 +86,20 @@ def build_prompt(
         lines.append(f"Now it's your turn to take an action. Choose {what} and present it within "
                      "<action> </action> tags.")
     return "\n".join(lines)
+
+
+def make_prompt_render(env_name: str = "household", show_admissible: bool = True, think: bool = False):
+    """``build_prompt`` as the agent loop's ``render(task, obs, turn, history, window)`` (``interq.agent.loop``).
+
+    ``window=k`` (per_turn layout): a fresh prompt with the last k (observation, action) pairs, as verl-agent's
+    ``history_length``. ``window=None`` (concatenated layout): the earlier turns are already in the context, so
+    each turn's message is the prompt without a history window (task, step count, current observation, admissible
+    actions, answer format). ``show_admissible=False`` leaves the admissible list out.
+    """
+
+    def render(task, obs, turn: int, history: Sequence[tuple[str, str]], window: int | None) -> str:
+        adm = obs.admissible_actions if show_admissible else None
+        return build_prompt(task.description, obs.text, None if adm is None else list(adm), history=history,
+                            step=turn, history_length=window or 0, env_name=env_name, think=think)
+
+    return render
