@@ -58,17 +58,33 @@ def int_mm_fp32_exact(a: torch.Tensor, b_f32: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+# torch._int_mm's shape rules on CUDA (cuBLASLt int8): M > 16, K and N multiples of 8. CPU takes any M.
+INT_MM_CUDA_MIN_M = 17
+INT_MM_MULTIPLE = 8
+
+
+def int_mm_padding(m: int, k: int, n: int, min_m: int = 1) -> tuple[int, int, int]:
+    """Zero rows/columns (pm, pk, pn) that bring an [M, K] x [K, N] int8 GEMM to ``_int_mm``'s shape rules:
+    M >= ``min_m`` (``INT_MM_CUDA_MIN_M`` on CUDA), K and N multiples of 8. Zeros add nothing to any
+    accumulator, so the product of the padded operands, cropped to [M, N], is the exact unpadded product."""
+    for name, v in (("m", m), ("k", k), ("n", n), ("min_m", min_m)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"int_mm_padding: {name} must be an int >= 1, got {v!r}")
+    return max(min_m - m, 0), (-k) % INT_MM_MULTIPLE, (-n) % INT_MM_MULTIPLE
+
+
+def int_mm_padded(a: torch.Tensor, b: torch.Tensor, min_m: int | None = None) -> torch.Tensor:
     """Exact int8 x int8 -> int32 GEMM through ``torch._int_mm``; a: [M, K], b: [K, N] -> [M, N].
-    Zero-pads K and N to multiples of 8 and M above 16 on CUDA (zeros add nothing: still exact)."""
+    Zero-pads by :func:`int_mm_padding` (``min_m``: default ``INT_MM_CUDA_MIN_M`` on CUDA, 1 elsewhere)."""
     if a.dtype != torch.int8 or b.dtype != torch.int8:
         raise TypeError(f"int_mm_padded needs int8 operands, got {a.dtype} and {b.dtype}")
     m, k = a.shape
     k2, n = b.shape
     if k != k2:
         raise ValueError(f"int_mm_padded: inner dimensions differ ({k} vs {k2})")
-    pk, pn = (-k) % 8, (-n) % 8
-    pm = (17 - m) if (a.is_cuda and m <= 16) else 0
+    if min_m is None:
+        min_m = INT_MM_CUDA_MIN_M if a.is_cuda else 1
+    pm, pk, pn = int_mm_padding(m, k, n, min_m)
     if pk or pm:
         a = nn.functional.pad(a, (0, pk, 0, pm))
     if pk or pn:
@@ -98,7 +114,8 @@ def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: 
     tensors); narrower weight codes arrive as they are in ``wq_t``: the GEMM and the epilogue do not change."""
     q, s_a = P.quant_act_int8_token(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
     if codes_f32 is None:
-        acc32 = int_mm_padded(q, wq_t)  # [M, Np] int32, exact
+        kp = wq_t.shape[0]  # the weight's K is already padded to a multiple of 8: pad the codes to match
+        acc32 = int_mm_padded(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), wq_t)  # [M, Np]
     else:
         kp = codes_f32.shape[0]
         acc32 = int_mm_fp32_exact(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), codes_f32)
