@@ -20,6 +20,9 @@ from interq.train.config import ConfigError, EnvConfig, RolloutConfig, RunConfig
 # ---------------------------------------------------------------------------------------------- environments
 
 
+_BUILT: set[str] = set()  # (env name, env_kwargs) already built once in this process by env_factory
+
+
 def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
     """A zero-argument callable returning a fresh environment."""
     kwargs = dict(cfg.env_kwargs)
@@ -39,8 +42,11 @@ def env_factory(cfg: EnvConfig) -> Callable[[], Any]:
     from interq._optional import MissingDependency
     from interq.envs import UnknownEnvError
 
+    key = repr((cfg.name, sorted(kwargs.items())))
     try:
-        make_env(cfg.name, **kwargs).close()
+        if key not in _BUILT:  # one trial build per process (a ScienceWorld env is a JVM start)
+            make_env(cfg.name, **kwargs).close()
+            _BUILT.add(key)
     except UnknownEnvError as e:
         raise ConfigError(f"env.name={cfg.name!r}: {e}") from e
     except (KeyError, ValueError, TypeError, MissingDependency, FileNotFoundError) as e:
