@@ -196,3 +196,36 @@ def test_aligned_learner_backward_on_cuda(autocast):
     lp.sum().backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and g.is_cuda and torch.isfinite(g).all() for g in grads)
+
+
+# ------------------------------------------------------------------------------------ the trainer's device
+
+
+def test_train_device_is_validated_naming_the_field():
+    from interq.train.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match=r"train\.device='gpu' is not accepted; choose one of \['cpu', 'cuda', 'auto'\]"):
+        build_config("q-tis", ["train.device=gpu"])
+    assert build_config("q-tis", ["train.device=auto"]).train.device == "auto"
+    if not HAS_CUDA:
+        with pytest.raises(ConfigError, match=r"train\.device='cuda' is not accepted here: .* sees no CUDA GPU"):
+            build_config("q-tis", ["train.device=cuda"])
+
+
+@cuda
+@needs_gpu
+@pytest.mark.parametrize("preset", ["q-tis", "q-interq"])
+def test_rl_steps_run_on_cuda(tmp_path, preset):
+    """Two RL steps of the tiny policy with the learner and the W8A8-KV8 executor on the GPU (warm start on the CPU)."""
+    import json
+
+    from interq.cli import main
+
+    out = tmp_path / preset
+    rc = main(["train", "--preset", preset, "--out", str(out), "train.device=cuda", "train.steps=2",
+               "warm_start.steps=5", "warm_start.num_demos=32", "train.eval_every_steps=0", "train.progress=false",
+               "train.checkpoint_every_steps=2"])
+    assert rc in (0, None)
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in recs if r.get("step", 0) > 0]
+    assert len(steps) == 2 and all(r["optim/steps"] >= 1 for r in steps)

@@ -173,6 +173,7 @@ class TrainConfig:
     checkpoint_every_steps: int = 5
     seed: int = 0
     threads: int = 0                    # torch.set_num_threads (0: leave alone)
+    device: str = "cpu"                 # learner + executor: cpu | cuda | auto (cuda when a GPU is visible); warm start stays on cpu
     progress: bool = True
     tensorboard: bool = False
 
@@ -534,6 +535,13 @@ def validate(cfg: RunConfig) -> None:
     _positive("train.eval_temperature", t.eval_temperature, allow_zero=True)  # 0: greedy
     _positive("train.checkpoint_every_steps", t.checkpoint_every_steps, allow_zero=True)
     _positive("train.threads", t.threads, allow_zero=True)
+    _one_of("train.device", t.device, ("cpu", "cuda", "auto"))
+    if t.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device='cuda' is not accepted here: torch {torch.__version__} sees no CUDA GPU; "
+                              "choose one of ['cpu', 'auto']")
     episodes = t.tasks_per_step * t.episodes_per_task
     if a.minibatches_per_step > episodes:
         raise ConfigError(f"algo.minibatches_per_step={a.minibatches_per_step} exceeds the episodes per step "

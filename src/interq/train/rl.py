@@ -199,10 +199,12 @@ def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool
         ctx = aligned(model, qcfg)
     else:
         ctx = nullcontext()
+    dev = next(model.parameters()).device  # train.device: the batch stays on the CPU, the forward runs there
     with ctx:
         # only action tokens are used (correction, loss, metrics): project to the vocabulary only there
-        return sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature=batch.temperature,
-                                 top_p=batch.top_p, score_mask=mb["action_mask"])
+        out = sequence_logprobs(model, mb["input_ids"].to(dev), mb["attention_mask"].to(dev), temperature=batch.temperature,
+                                top_p=batch.top_p, score_mask=mb["action_mask"].to(dev))
+    return out.to(mb["input_ids"].device)
 
 
 def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatch: int, align: bool,
@@ -397,6 +399,9 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     t = cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
+    from interq.machine import resolve_device
+
+    model.to(resolve_device(t.device, "train.device"))  # before the executor (a copy of it) and the optimizer
     fmt = chat_format(tokenizer)
     executor = build_executor(model, cfg.rollout)
     learner = Learner(model, cfg, executor.qcfg)
