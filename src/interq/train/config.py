@@ -174,6 +174,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0                    # torch.set_num_threads (0: leave alone)
     device: str = "cpu"                 # learner + executor: cpu | cuda | auto (cuda when a GPU is visible); warm start stays on cpu
+    learner_autocast: str = "off"       # off | bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align)
     progress: bool = True
     tensorboard: bool = False
 
@@ -542,6 +543,11 @@ def validate(cfg: RunConfig) -> None:
         if not torch.cuda.is_available():
             raise ConfigError(f"train.device='cuda' is not accepted here: torch {torch.__version__} sees no CUDA GPU; "
                               "choose one of ['cpu', 'auto']")
+    _one_of("train.learner_autocast", t.learner_autocast, ("off", "bf16"))
+    if t.learner_autocast == "bf16" and a.align:
+        raise ConfigError("train.learner_autocast='bf16' is not accepted with algo.align=true: bf16 upstream of the "
+                          "aligned learner's activation quantization re-rounds its codes (SmolLM2: gradient cosine 0.78 "
+                          "to fp32, docs/benchmarks.md); choose train.learner_autocast='off'")
     episodes = t.tasks_per_step * t.episodes_per_task
     if a.minibatches_per_step > episodes:
         raise ConfigError(f"algo.minibatches_per_step={a.minibatches_per_step} exceeds the episodes per step "

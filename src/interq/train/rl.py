@@ -183,12 +183,14 @@ class Learner:
 
     def logprobs(self, mb: dict, batch: "Batch") -> torch.Tensor:
         """Learner log-probs of the rows under the executor's sampling transform. [b, l]"""
-        return learner_logprobs(self.model, mb, batch, self.cfg.algo.align, self.qcfg)
+        return learner_logprobs(self.model, mb, batch, self.cfg.algo.align, self.qcfg, self.cfg.train.learner_autocast)
 
 
-def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool, qcfg=None) -> torch.Tensor:
+def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool, qcfg=None,
+                     autocast: str = "off") -> torch.Tensor:
     """Log-probs of a micro-batch's rows (``_rows``) under the executor's sampling transform; the aligned
-    (quantized-like) forward when ``align``. [b, l]"""
+    (quantized-like) forward when ``align``; the forward under ``torch.autocast(bf16)`` when ``autocast='bf16'``
+    (``train.learner_autocast``; log-probs and gradients stay fp32). [b, l]"""
     from contextlib import nullcontext
 
     from interq.rollout import sequence_logprobs
@@ -200,7 +202,10 @@ def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool
     else:
         ctx = nullcontext()
     dev = next(model.parameters()).device  # train.device: the batch stays on the CPU, the forward runs there
-    with ctx:
+    if autocast not in ("off", "bf16"):
+        raise ValueError(f"train.learner_autocast={autocast!r} is not accepted; choose one of ['off', 'bf16']")
+    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if autocast == "bf16" else nullcontext()
+    with cast, ctx:
         # only action tokens are used (correction, loss, metrics): project to the vocabulary only there
         out = sequence_logprobs(model, mb["input_ids"].to(dev), mb["attention_mask"].to(dev), temperature=batch.temperature,
                                 top_p=batch.top_p, score_mask=mb["action_mask"].to(dev))
@@ -208,7 +213,7 @@ def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool
 
 
 def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatch: int, align: bool,
-                      qcfg=None) -> torch.Tensor:
+                      qcfg=None, autocast: str = "off") -> torch.Tensor:
     """Step 4, the proximal pass: the learner's no-grad forward over the whole batch, micro-batch by
     micro-batch (also ``interq mismatch``'s learner pass). [B, L], 0 off the rows' tokens."""
     proximal = torch.zeros_like(batch.behavior_logprobs)  # [B, L]
@@ -216,7 +221,7 @@ def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatc
     with torch.no_grad():
         for rows in micro_batches(batch, list(range(batch.input_ids.shape[0])), tokens_per_microbatch):
             mb = _rows(batch, rows)
-            proximal[mb["idx"], : mb["width"]] = learner_logprobs(model, mb, batch, align, qcfg)
+            proximal[mb["idx"], : mb["width"]] = learner_logprobs(model, mb, batch, align, qcfg, autocast)
     return proximal
 
 
@@ -246,7 +251,8 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     skip = skips_proximal_pass(a)
     weights = keep = None
     if not skip:
-        proximal = proximal_logprobs(model, batch, t.tokens_per_microbatch, a.align, learner.qcfg)  # [B, L]
+        proximal = proximal_logprobs(model, batch, t.tokens_per_microbatch, a.align, learner.qcfg,
+                                     t.learner_autocast)  # [B, L]
         corr = compute_correction(a.correction, proximal, batch.behavior_logprobs, batch.action_mask,
                                   traj_id=batch.traj_id, turn_idx=batch.turn_idx, config=ccfg)
         weights, keep = corr.weights, corr.keep_mask  # [B, L]
