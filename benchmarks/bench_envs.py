@@ -1,45 +1,67 @@
-"""Environment throughput and the household/ALFWorld fidelity shares (issue 5, item 8).
+"""Environment throughput, parallel workers, the household/ALFWorld fidelity shares and one policy on two engines
+(issue 5 item 8, issue 14 items 1 and 4).
 
-Measured in one run on this machine, driven by each environment's expert:
+Measured in one run on this machine:
 
-- ``household``: steps per second, single process, and through ``EnvPool`` (2 worker processes);
-- generated ALFWorld games on the real engine: steps per second (``step`` calls only; the game load
-  at ``reset`` is reported apart as ``alfworld_reset_s``), with ALFWorld's handcoded expert on and
-  off (off is what RL rollouts pay), single process and through the pool; the expert's success rate;
-- ScienceWorld: steps per second of the fast step path along gold paths, the same with valid actions
-  listed on every step (ScienceWorld's own ``env.step`` behaviour), JVM start-up, and through the pool;
-- the fidelity check (``interq.envs.alfworld.fidelity``): ``--fidelity-per-type`` household tasks of
-  each of the six types walked in both engines.
+- ``household``: steps per second, single process, and through ``EnvPool`` (2 worker processes), expert-driven;
+- generated ALFWorld games on the real engine: steps per second (``step`` calls only; the game load at ``reset``
+  is reported apart as ``alfworld_reset_s``), with ALFWorld's handcoded expert on and off (off is what RL rollouts
+  pay), and without the TextWorld speed-up; the expert's success rate;
+- ScienceWorld: steps per second of the fast step path along gold paths, the same with valid actions listed on
+  every step (ScienceWorld's own ``env.step`` behaviour), JVM start-up;
+- **episodes per second through ``EnvPool`` with 1, 2 and 4 worker processes against in-process stepping**
+  (issue 14 item 1), ALFWorld and ScienceWorld, the same fixed tasks and policy in every configuration: ALFWorld
+  plays ``--pool-episodes`` generated games (full ALFRED rooms) with a random-admissible policy seeded by (task,
+  step) for ``--pool-steps`` steps, ScienceWorld plays the gold paths of ``--pool-episodes`` variations. One
+  untimed reset per environment first (a pool is long-lived in training; its start-up is reported apart as
+  ``*_pool_start_s``); then the timer covers every reset and step. A pool steps its slots in lockstep and resets
+  them as a batch (``reset_batch``), so episodes run in waves of N. ``*_pool_speedup`` = the best worker count's
+  episodes/s over in-process's; ``*_pool_same_outcomes``: every configuration played every episode the same
+  (steps and outcome) as in-process;
+- the fidelity check (``interq.envs.alfworld.fidelity``): ``--fidelity-per-type`` household tasks of each of the
+  six types walked in both engines (the full report: ``--fidelity-per-type 50``);
+- one policy on two engines (``scripts/cross_engine_eval.py``): the household policy ``--policy`` (default the
+  comparison study's warm start, ``runs/study/warm_start``) on its first ``--cross-engine-tasks`` held-out
+  instances in household and in ALFWorld with the same seeds; ``cross_engine_success_diff`` = household minus
+  ALFWorld success (None, with a note, when the policy directory is missing).
 
-The last line is ``RESULT {json}``. Absolute numbers depend on the machine and its load; the run
-records both (``machine``, ``load_avg``).
+The last line is ``RESULT {json}``, with ``machine`` (``interq.machine.machine_info()`` at the start,
+``load_avg_end`` at the end): absolute numbers depend on the machine and its load.
 
-    .venv/bin/python benchmarks/bench_envs.py [--fidelity-per-type 50] [--quick]
+    .venv/bin/python benchmarks/bench_envs.py [--fidelity-per-type 5] [--pool-episodes 8] [--workers 1,2,4] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import os
-import platform
+import random
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+from interq.machine import describe, load_avg, machine_info
 
 
-def _episodes(env, tasks, max_steps=None, expert_env=None):
-    """Play each task with the env's expert; returns (steps, step seconds, reset seconds, wins, episodes)."""
+def _episodes(env, tasks, plans=None):
+    """Play each task with the env's expert; returns (steps, step seconds, reset seconds, wins, episodes).
+    ``plans``: a list that receives each episode's actions (replayed without the expert)."""
     steps = wins = 0
     t_step = t_reset = 0.0
     for t in tasks:
         t0 = time.perf_counter()
         env.reset(t)
         t_reset += time.perf_counter() - t0
+        if plans is not None:
+            plans.append([])
         while True:
             a = env.expert_action()
             if a is None:
                 break
+            if plans is not None:
+                plans[-1].append(a)
             t0 = time.perf_counter()
             r = env.step(a)
             t_step += time.perf_counter() - t0
@@ -65,21 +87,6 @@ def _replay(env, tasks, plans):
             if r.terminated or r.truncated:
                 break
     return steps, t_step, t_reset
-
-
-def _record(env, tasks):
-    plans, wins = [], 0
-    for t in tasks:
-        env.reset(t)
-        plan = []
-        while (a := env.expert_action()) is not None:
-            plan.append(a)
-            r = env.step(a)
-            if r.terminated or r.truncated:
-                wins += bool(r.info.get("won"))
-                break
-        plans.append(plan)
-    return plans, wins
 
 
 def _pool_steps(name, tasks, num_envs=2, **kwargs):
@@ -126,23 +133,20 @@ def bench_alfworld(n_per_type, cache):
     except ImportError as e:
         return {"alfworld_steps_per_s": None, "alfworld_note": f"alfworld extra missing: {e}"}
     tasks = env.tasks("train")
-    steps, t_step, t_reset, wins, n = _episodes(env, tasks)
-    # expert off (RL rollouts): replay the winning plans without the expert
+    plans: list = []
+    steps, t_step, t_reset, wins, n = _episodes(env, tasks, plans)
+    # expert off (RL rollouts): replay the expert's plans without the expert
     noexp = AlfworldEnv(source="generated", cache_dir=cache, split_sizes={"train": 6 * n_per_type}, expert=False)
-    plans, _w = _record(env, tasks[:6])
-    s2, t2, r2 = _replay(noexp, tasks[:6], plans)
+    s2, t2, r2 = _replay(noexp, tasks[:6], plans[:6])
     unfast = AlfworldEnv(source="generated", cache_dir=cache, split_sizes={"train": 6 * n_per_type}, expert=False,
                          fast=False)
     from interq.envs.alfworld import speedup
     speedup.uninstall()
     s3, t3, _ = _replay(unfast, tasks[:2], plans[:2])
     speedup.install()
-    pool_sps, why = _pool_steps("alfworld", tasks[:4], source="generated", cache_dir=cache,
-                                split_sizes={"train": 6 * n_per_type}, expert=True)
     return {"alfworld_steps_per_s": s2 / t2, "alfworld_expert_on_steps_per_s": steps / t_step,
             "alfworld_without_speedup_steps_per_s": s3 / t3,
-            "alfworld_reset_s": t_reset / n, "alfworld_episodes": n, "alfworld_expert_success": wins / n,
-            "alfworld_pool_steps_per_s": pool_sps, "alfworld_pool_note": why}
+            "alfworld_reset_s": t_reset / n, "alfworld_episodes": n, "alfworld_expert_success": wins / n}
 
 
 def bench_scienceworld(task_names, n_var):
@@ -159,35 +163,193 @@ def bench_scienceworld(task_names, n_var):
     slow = ScienceWorldEnv(task_names=task_names, max_variations=1, admissible=True)
     s2, t2, _, _, _ = _episodes(slow, slow.tasks("train")[:2])
     slow.close()
-    pool_sps, why = _pool_steps("scienceworld", tasks[:4], task_names=task_names, max_variations=n_var)
     return {"scienceworld_steps_per_s": steps / t_step, "scienceworld_with_valid_actions_steps_per_s": s2 / t2,
             "scienceworld_start_s": start, "scienceworld_reset_s": t_reset / n, "scienceworld_episodes": n,
-            "scienceworld_gold_success": wins / n, "scienceworld_pool_steps_per_s": pool_sps,
-            "scienceworld_pool_note": why}
+            "scienceworld_gold_success": wins / n}
+
+
+# ------------------------------------------------------------------ episodes per second: EnvPool against in-process
+
+
+def _random_admissible(task_id, step, obs):
+    """The fixed random-admissible policy: a choice among the sorted admissible actions seeded by (task, step)."""
+    adm = sorted(obs.admissible_actions or ())
+    return random.Random(f"{task_id}|{step}").choice(adm) if adm else "look"
+
+
+def _play_in_process(env, tasks, policy):
+    """Play every task to its end in this process; returns (seconds, [(steps, won) per episode])."""
+    out = []
+    t0 = time.perf_counter()
+    for t in tasks:
+        obs, steps, won = env.reset(t), 0, False
+        while True:
+            a = env.expert_action() if policy == "expert" else _random_admissible(t.task_id, steps, obs)
+            if a is None:
+                break
+            r = env.step(a)
+            steps, obs = steps + 1, r.observation
+            if r.terminated or r.truncated:
+                won = bool(r.info.get("won"))
+                break
+        out.append((steps, won))
+    return time.perf_counter() - t0, out
+
+
+def _play_pool(pool, tasks, policy):
+    """The same episodes through a pool, in waves of ``num_envs`` (reset_batch, then lockstep steps);
+    returns (seconds, [(steps, won)], failed episodes)."""
+    w, out, failed = pool.num_envs, [], 0
+    t0 = time.perf_counter()
+    for lo in range(0, len(tasks), w):
+        batch = tasks[lo:lo + w]
+        obs = pool.reset_batch(batch)
+        steps, won = [0] * w, [False] * w
+        done = [i >= len(batch) for i in range(w)]
+        while not all(done):
+            experts = pool.expert_actions() if policy == "expert" else None
+            acts = []
+            for i in range(w):
+                a = None
+                if not done[i]:
+                    a = experts[i] if experts is not None else _random_admissible(batch[i].task_id, steps[i], obs[i])
+                    done[i] = a is None
+                acts.append(a)
+            if all(a is None for a in acts):
+                break
+            for i, r in enumerate(pool.step_batch(acts)):
+                if r is None:
+                    continue
+                steps[i], obs[i] = steps[i] + 1, r.observation
+                if r.terminated or r.truncated:
+                    done[i], won[i] = True, bool(r.info.get("won"))
+                    failed += "failure" in r.info
+        out += list(zip(steps, won))[:len(batch)]
+    return time.perf_counter() - t0, out, failed
+
+
+def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
+    """Episodes per second in-process and through EnvPool with each worker count; see the module docstring."""
+    from interq.envs import make_env
+    from interq.envs.pool import EnvPool
+
+    env = make_env(name, **env_kwargs)
+    tasks = env.tasks("train")[:n_tasks]
+    if warm is not None:
+        warm(env, tasks)
+    env.reset(tasks[0])  # untimed first reset (caches, JIT), as each pool worker gets below
+    dt, ref = _play_in_process(env, tasks, policy)
+    env.close()
+    eps = {"in_process": len(tasks) / dt}
+    start, same, failed = {}, True, 0
+    for w in workers:
+        t0 = time.perf_counter()
+        pool = EnvPool.from_name(name, num_envs=w, step_timeout_s=600.0, **env_kwargs)
+        try:
+            start[str(w)] = time.perf_counter() - t0
+            pool.reset_batch(tasks[:w])  # untimed first reset of every worker
+            dt, got, f = _play_pool(pool, tasks, policy)
+        finally:
+            pool.close()
+        eps[str(w)] = len(tasks) / dt
+        same &= got == ref
+        failed += f
+        print(f"[pool] {name}: {w} worker(s) {eps[str(w)]:.3f} episodes/s (in-process {eps['in_process']:.3f})",
+              file=sys.stderr, flush=True)
+    best = max((k for k in eps if k != "in_process"), key=lambda k: eps[k])
+    return {f"{name}_pool_episodes_per_s": eps, f"{name}_pool_speedup": eps[best] / eps["in_process"],
+            f"{name}_pool_best_workers": int(best), f"{name}_pool_start_s": start,
+            f"{name}_pool_episodes": len(tasks), f"{name}_pool_steps": sum(s for s, _ in ref),
+            f"{name}_pool_policy": policy, f"{name}_pool_same_outcomes": same, f"{name}_pool_failed_episodes": failed}
+
+
+def bench_pools(n_tasks, n_steps, workers, cache):
+    out = {}
+    try:
+        import alfworld  # noqa: F401
+    except ImportError as e:
+        out["alfworld_pool_note"] = f"alfworld extra missing: {e}"
+    else:
+        def write_games(env, tasks):  # the generated games are written once, before any timing
+            for t in tasks:
+                env.game_file(t)
+
+        out.update(bench_pool("alfworld", {"source": "generated", "cache_dir": cache, "split_sizes": {"train": n_tasks},
+                                           "expert": False, "max_steps": n_steps}, n_tasks, "random", workers, write_games))
+    try:
+        import scienceworld  # noqa: F401
+    except ImportError as e:
+        out["scienceworld_pool_note"] = f"scienceworld extra missing: {e}"
+    else:
+        names = ["find-living-thing", "find-non-living-thing", "boil", "melt"]
+        out.update(bench_pool("scienceworld", {"task_names": names, "max_variations": -(-n_tasks // len(names))},
+                              n_tasks, "expert", workers))
+    return out
+
+
+# ------------------------------------------------------------------ one policy on two engines
+
+
+def bench_cross_engine(policy_dir, n_tasks, cache):
+    if not (Path(policy_dir) / "config.json").is_file():
+        return {"cross_engine_success_diff": None,
+                "cross_engine_note": f"no policy at {policy_dir} (make one with `interq demo` or pass --policy)"}
+    try:
+        import alfworld  # noqa: F401
+    except ImportError as e:
+        return {"cross_engine_success_diff": None, "cross_engine_note": f"alfworld extra missing: {e}"}
+    path = Path(__file__).resolve().parents[1] / "scripts" / "cross_engine_eval.py"
+    spec = importlib.util.spec_from_file_location("cross_engine_eval", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    rep = mod.cross_engine_eval(policy_dir, n_tasks, cache_dir=Path(cache) / "cross_engine")
+    print(f"[cross-engine] {mod.summary(rep)}", file=sys.stderr, flush=True)
+    return {"cross_engine_success_diff": rep.success_diff, "cross_engine_diff_ci95": rep.diff_ci95,
+            "cross_engine_tasks": rep.tasks, "cross_engine_policy": str(policy_dir),
+            "cross_engine_household_success": rep.household_success, "cross_engine_alfworld_success": rep.alfworld_success,
+            "cross_engine_outcome_agree": rep.outcome_agree, "cross_engine_trajectory_agree": rep.trajectory_agree,
+            "cross_engine_s": rep.household_seconds + rep.alfworld_seconds}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fidelity-per-type", type=int, default=50)
-    ap.add_argument("--alfworld-per-type", type=int, default=2)
+    ap.add_argument("--fidelity-per-type", type=int, default=5)
+    ap.add_argument("--alfworld-per-type", type=int, default=1)
     ap.add_argument("--household-tasks", type=int, default=300)
+    ap.add_argument("--pool-episodes", type=int, default=8, help="episodes per configuration (ALFWorld, ScienceWorld)")
+    ap.add_argument("--pool-steps", type=int, default=10, help="steps of each ALFWorld episode (random-admissible policy)")
+    ap.add_argument("--workers", default="1,2,4", help="EnvPool worker counts, comma-separated")
+    ap.add_argument("--policy", default="runs/study/warm_start", help="household policy of the cross-engine check")
+    ap.add_argument("--cross-engine-tasks", type=int, default=16)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     args = ap.parse_args()
+    try:
+        workers = [int(w) for w in args.workers.split(",")]
+        if not workers or min(workers) < 1:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--workers must be positive ints separated by commas (e.g. 1,2,4); got {args.workers!r}")
     if args.quick:
         args.fidelity_per_type, args.alfworld_per_type, args.household_tasks = 1, 1, 30
-    out = {"machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
-                      f"{platform.python_version()}", "load_avg_start": os.getloadavg()[0]}
+        args.pool_episodes, args.pool_steps, args.cross_engine_tasks = 4, 3, 4
+    machine = machine_info()  # at the start; load_avg_end added at the end
+    print(f"machine: {describe(machine)}", file=sys.stderr, flush=True)
+    out: dict = {}
     t_all = time.perf_counter()
-    out.update(bench_household(args.household_tasks))
-    print(json.dumps({k: v for k, v in out.items() if k.startswith("household")}), file=sys.stderr, flush=True)
+
+    def stage(prefix, result):
+        out.update(result)
+        print(json.dumps({k: v for k, v in result.items() if k.startswith(prefix)}), file=sys.stderr, flush=True)
+
+    stage("household", bench_household(args.household_tasks))
     with tempfile.TemporaryDirectory(prefix="interq-bench-envs-") as cache:
-        out.update(bench_alfworld(args.alfworld_per_type, cache))
-        print(json.dumps({k: v for k, v in out.items() if k.startswith("alfworld")}), file=sys.stderr, flush=True)
-        out.update(bench_scienceworld(["find-living-thing", "boil", "melt"], 2))
-        print(json.dumps({k: v for k, v in out.items() if k.startswith("science")}), file=sys.stderr, flush=True)
+        stage("alfworld", bench_alfworld(args.alfworld_per_type, cache))
+        stage("science", bench_scienceworld(["find-living-thing", "boil", "melt"], 2))
+        stage("", bench_pools(args.pool_episodes, args.pool_steps, workers, cache))
         try:
             from interq.envs.alfworld.fidelity import run_fidelity
-            rep = run_fidelity(args.fidelity_per_type, cache_dir=cache, progress=True)
+            rep = run_fidelity(args.fidelity_per_type, cache_dir=cache, progress=False)
             out.update({"fidelity_tasks": rep.tasks, "fidelity_success_agree": rep.success_agree,
                         "fidelity_outcome_agree": rep.outcome_agree, "fidelity_admissible_agree": rep.admissible_agree,
                         "fidelity_text_agree": rep.text_agree, "fidelity_per_type": rep.per_type,
@@ -195,8 +357,9 @@ def main() -> int:
         except ImportError as e:
             out.update({"fidelity_success_agree": None, "fidelity_admissible_agree": None,
                         "fidelity_note": f"alfworld extra missing: {e}"})
-    out["load_avg_end"] = os.getloadavg()[0]
+        stage("cross_engine", bench_cross_engine(args.policy, args.cross_engine_tasks, cache))
     out["total_s"] = time.perf_counter() - t_all
+    out["machine"] = {**machine, "load_avg_end": load_avg()}
     print("RESULT " + json.dumps(out))
     return 0
 
