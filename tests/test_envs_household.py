@@ -262,3 +262,30 @@ def test_small_rooms_and_task_list_fast_path():
     assert [s.description for s in full.tasks("train")] == [full.world(s).goal.text for s in full.tasks("train")]
     with pytest.raises(ValueError, match="size"):
         HouseholdEnv(size="huge")
+
+
+def test_shuffle_actions_is_a_fixed_permutation_per_state_and_changes_nothing_else():
+    from interq.envs.household import HouseholdEnv
+
+    plain = HouseholdEnv(size="small")
+    shuffled = HouseholdEnv(size="small", shuffle_actions=True)
+    task = plain.tasks("train")[0]
+    o1, o2 = plain.reset(task), shuffled.reset(task)
+    moved = 0
+    for _ in range(8):
+        a = plain.expert_action()
+        assert a == shuffled.expert_action()
+        assert sorted(o1.admissible_actions) == sorted(o2.admissible_actions)
+        moved += o1.admissible_actions != o2.admissible_actions
+        # the same state lists its actions in the same order (a replay, GiGPO's anchors)
+        assert shuffled.admissible_actions() == o2.admissible_actions
+        r1, r2 = plain.step(a), shuffled.step(a)
+        assert (r1.observation.text, r1.reward, r1.terminated) == (r2.observation.text, r2.reward, r2.terminated)
+        o1, o2 = r1.observation, r2.observation
+        if r1.terminated:
+            break
+    assert moved >= 2  # the order really changes
+    again = HouseholdEnv(size="small", shuffle_actions=True)
+    assert again.reset(task).admissible_actions == shuffled.reset(task).admissible_actions
+    with pytest.raises(ValueError, match="shuffle_actions"):
+        HouseholdEnv(shuffle_actions="yes")

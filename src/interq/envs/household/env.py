@@ -20,6 +20,8 @@ Episode contract (verl-agent's ALFWorld conventions, envs.md):
 
 from __future__ import annotations
 
+import hashlib
+import random
 from typing import Iterable
 
 from ..base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action, resolve_split_sizes
@@ -43,19 +45,26 @@ class HouseholdEnv:
         size: "full" (default, ALFRED-like rooms) or "small" (compact rooms: at most two receptacles
             per type, no optional furniture, 2-4 distractor types; shorter prompts and plans for
             CPU-scale training). Tasks are determined by (seed, size, split, index).
+        shuffle_actions: list the admissible actions in a fixed pseudo-random order per (task, admissible set)
+            instead of ALFWorld's sorted order. For policies that answer with an action's number
+            (``env.action_format=index``): in sorted order the number itself predicts the kind of action ("take"
+            and "move" entries sort last), a shortcut RL reinforces (docs/results.md, "Learning settings").
     """
 
     name = "household"
 
     def __init__(self, seed: int = 0, split_sizes: dict[str, int] | None = None, max_steps: int = 50,
                  success_reward: float = 10.0, worlds: Iterable[HouseholdWorld] | None = None,
-                 expert: str = "explore", size: str = "full"):
+                 expert: str = "explore", size: str = "full", shuffle_actions: bool = False):
         if size not in SIZES:
             raise ValueError(f"size must be one of {list(SIZES)}; got {size!r}")
         self.size = size
         if expert not in ("explore", "omniscient"):
             raise ValueError(f"expert must be 'explore' or 'omniscient'; got {expert!r}")
         self.expert = expert
+        if not isinstance(shuffle_actions, bool):
+            raise ValueError(f"shuffle_actions must be true or false; got {shuffle_actions!r}")
+        self.shuffle_actions = shuffle_actions
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive int; got {max_steps!r}")
         sizes = resolve_split_sizes(DEFAULT_SPLIT_SIZES, split_sizes)
@@ -140,7 +149,16 @@ class HouseholdEnv:
     def admissible_actions(self) -> tuple[str, ...]:
         if self._game is None:
             raise EpisodeError("no episode: call reset(task) first")
-        return tuple(c for c in self._game.admissible_commands() if c != "help")
+        commands = tuple(c for c in self._game.admissible_commands() if c != "help")
+        if not self.shuffle_actions:
+            return commands
+        # one fixed permutation per (task set, task, admissible set): the same state always lists its actions in the
+        # same order (GiGPO's anchor groups, replays), but an action's position says nothing about what it is
+        key = "\x1f".join((str(self.seed), self._task.task_id, *commands))
+        rng = random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
+        order = list(commands)
+        rng.shuffle(order)
+        return tuple(order)
 
     def step(self, action: str) -> StepResult:
         if self._game is None:
