@@ -17,7 +17,10 @@ Measured in one run on this machine:
   ``*_pool_start_s``); then the timer covers every reset and step. A pool steps its slots in lockstep and resets
   them as a batch (``reset_batch``), so episodes run in waves of N. ``*_pool_speedup`` = the best worker count's
   episodes/s over in-process's; ``*_pool_same_outcomes``: every configuration played every episode the same
-  (steps and outcome) as in-process;
+  (steps and outcome) as in-process; ``*_pool_cores_used``: CPU seconds of this process and its reaped children
+  workers per wall second over each configuration's whole life: how much CPU it actually got (on a machine busy
+  with other work, more workers cannot help if this does not grow; ALFWorld only: ScienceWorld's JVMs exit
+  after ``close`` without being reaped in time to be counted);
 - the fidelity check (``interq.envs.alfworld.fidelity``): ``--fidelity-per-type`` household tasks of each of the
   six types walked in both engines (the full report: ``--fidelity-per-type 50``);
 - one policy on two engines (``scripts/cross_engine_eval.py``): the household policy ``--policy`` (default the
@@ -28,7 +31,7 @@ Measured in one run on this machine:
 The last line is ``RESULT {json}``, with ``machine`` (``interq.machine.machine_info()`` at the start,
 ``load_avg_end`` at the end): absolute numbers depend on the machine and its load.
 
-    .venv/bin/python benchmarks/bench_envs.py [--fidelity-per-type 5] [--pool-episodes 8] [--workers 1,2,4] [--quick]
+    .venv/bin/python benchmarks/bench_envs.py [--fidelity-per-type 5] [--pool-episodes 8] [--workers 1,2,4] [--sections ...] [--quick]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import argparse
 import importlib.util
 import json
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -177,6 +181,12 @@ def _random_admissible(task_id, step, obs):
     return random.Random(f"{task_id}|{step}").choice(adm) if adm else "look"
 
 
+def _cpu_s():
+    """CPU seconds of this process and its terminated, joined children (the pool's workers once closed)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _play_in_process(env, tasks, policy):
     """Play every task to its end in this process; returns (seconds, [(steps, won) per episode])."""
     out = []
@@ -228,11 +238,14 @@ def _play_pool(pool, tasks, policy):
     return time.perf_counter() - t0, out, failed
 
 
-def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
-    """Episodes per second in-process and through EnvPool with each worker count; see the module docstring."""
+def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None, count_cores=True):
+    """Episodes per second in-process and through EnvPool with each worker count; see the module docstring.
+    ``count_cores=False``: the env's CPU is spent in a process this one does not reap in time (ScienceWorld's JVM
+    exits asynchronously after ``close``), so the CPU share is not reported."""
     from interq.envs import make_env
     from interq.envs.pool import EnvPool
 
+    t0, c0 = time.perf_counter(), _cpu_s()
     env = make_env(name, **env_kwargs)
     tasks = env.tasks("train")[:n_tasks]
     if warm is not None:
@@ -240,10 +253,12 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
     env.reset(tasks[0])  # untimed first reset (caches, JIT), as each pool worker gets below
     dt, ref = _play_in_process(env, tasks, policy)
     env.close()
+    # CPU cores used over the env's whole life (a JVM is counted once closed and reaped), as for the pools below
+    cores = {"in_process": (_cpu_s() - c0) / (time.perf_counter() - t0)}
     eps = {"in_process": len(tasks) / dt}
     start, same, failed = {}, True, 0
     for w in workers:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         pool = EnvPool.from_name(name, num_envs=w, step_timeout_s=600.0, **env_kwargs)
         try:
             start[str(w)] = time.perf_counter() - t0
@@ -251,6 +266,8 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
             dt, got, f = _play_pool(pool, tasks, policy)
         finally:
             pool.close()
+        # CPU of this process and the (joined) workers over the pool's whole life, start-up included
+        cores[str(w)] = (_cpu_s() - c0) / (time.perf_counter() - t0)
         eps[str(w)] = len(tasks) / dt
         same &= got == ref
         failed += f
@@ -259,6 +276,7 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
     best = max((k for k in eps if k != "in_process"), key=lambda k: eps[k])
     return {f"{name}_pool_episodes_per_s": eps, f"{name}_pool_speedup": eps[best] / eps["in_process"],
             f"{name}_pool_best_workers": int(best), f"{name}_pool_start_s": start,
+            f"{name}_pool_cores_used": cores if count_cores else None,
             f"{name}_pool_episodes": len(tasks), f"{name}_pool_steps": sum(s for s, _ in ref),
             f"{name}_pool_policy": policy, f"{name}_pool_same_outcomes": same, f"{name}_pool_failed_episodes": failed}
 
@@ -283,7 +301,7 @@ def bench_pools(n_tasks, n_steps, workers, cache):
     else:
         names = ["find-living-thing", "find-non-living-thing", "boil", "melt"]
         out.update(bench_pool("scienceworld", {"task_names": names, "max_variations": -(-n_tasks // len(names))},
-                              n_tasks, "expert", workers))
+                              n_tasks, "expert", workers, count_cores=False))
     return out
 
 
@@ -312,6 +330,9 @@ def bench_cross_engine(policy_dir, n_tasks, cache):
             "cross_engine_s": rep.household_seconds + rep.alfworld_seconds}
 
 
+SECTIONS = ("household", "alfworld", "scienceworld", "pools", "fidelity", "cross_engine")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fidelity-per-type", type=int, default=5)
@@ -322,8 +343,12 @@ def main() -> int:
     ap.add_argument("--workers", default="1,2,4", help="EnvPool worker counts, comma-separated")
     ap.add_argument("--policy", default="runs/study/warm_start", help="household policy of the cross-engine check")
     ap.add_argument("--cross-engine-tasks", type=int, default=16)
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"what to run, comma-separated: {','.join(SECTIONS)}")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     args = ap.parse_args()
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    if not sections or set(sections) - set(SECTIONS):
+        ap.error(f"--sections: unknown {sorted(set(sections) - set(SECTIONS)) or sections!r}; accepted: {','.join(SECTIONS)}")
     try:
         workers = [int(w) for w in args.workers.split(",")]
         if not workers or min(workers) < 1:
@@ -342,22 +367,29 @@ def main() -> int:
         out.update(result)
         print(json.dumps({k: v for k, v in result.items() if k.startswith(prefix)}), file=sys.stderr, flush=True)
 
-    stage("household", bench_household(args.household_tasks))
+    if "household" in sections:
+        stage("household", bench_household(args.household_tasks))
     with tempfile.TemporaryDirectory(prefix="interq-bench-envs-") as cache:
-        stage("alfworld", bench_alfworld(args.alfworld_per_type, cache))
-        stage("science", bench_scienceworld(["find-living-thing", "boil", "melt"], 2))
-        stage("", bench_pools(args.pool_episodes, args.pool_steps, workers, cache))
-        try:
-            from interq.envs.alfworld.fidelity import run_fidelity
-            rep = run_fidelity(args.fidelity_per_type, cache_dir=cache, progress=False)
-            out.update({"fidelity_tasks": rep.tasks, "fidelity_success_agree": rep.success_agree,
-                        "fidelity_outcome_agree": rep.outcome_agree, "fidelity_admissible_agree": rep.admissible_agree,
-                        "fidelity_text_agree": rep.text_agree, "fidelity_per_type": rep.per_type,
-                        "fidelity_disagreements": rep.disagreements[:5], "fidelity_s": rep.seconds})
-        except ImportError as e:
-            out.update({"fidelity_success_agree": None, "fidelity_admissible_agree": None,
-                        "fidelity_note": f"alfworld extra missing: {e}"})
-        stage("cross_engine", bench_cross_engine(args.policy, args.cross_engine_tasks, cache))
+        if "alfworld" in sections:
+            stage("alfworld", bench_alfworld(args.alfworld_per_type, cache))
+        if "scienceworld" in sections:
+            stage("science", bench_scienceworld(["find-living-thing", "boil", "melt"], 2))
+        if "pools" in sections:
+            stage("", bench_pools(args.pool_episodes, args.pool_steps, workers, cache))
+        if "fidelity" in sections:
+            try:
+                from interq.envs.alfworld.fidelity import run_fidelity
+                rep = run_fidelity(args.fidelity_per_type, cache_dir=cache, progress=False)
+                out.update({"fidelity_tasks": rep.tasks, "fidelity_success_agree": rep.success_agree,
+                            "fidelity_outcome_agree": rep.outcome_agree, "fidelity_admissible_agree": rep.admissible_agree,
+                            "fidelity_text_agree": rep.text_agree, "fidelity_per_type": rep.per_type,
+                            "fidelity_disagreements": rep.disagreements[:5], "fidelity_s": rep.seconds})
+            except ImportError as e:
+                out.update({"fidelity_success_agree": None, "fidelity_admissible_agree": None,
+                            "fidelity_note": f"alfworld extra missing: {e}"})
+        if "cross_engine" in sections:
+            stage("cross_engine", bench_cross_engine(args.policy, args.cross_engine_tasks, cache))
+    out["sections"] = sections
     out["total_s"] = time.perf_counter() - t_all
     out["machine"] = {**machine, "load_avg_end": load_avg()}
     print("RESULT " + json.dumps(out))
