@@ -237,7 +237,9 @@ def tiny_checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("env_name", ["alfworld", "scienceworld", "synthshop"])
+@pytest.mark.parametrize("env_name", [pytest.param("alfworld", marks=[pytest.mark.alfworld, pytest.mark.slow]),
+                                      pytest.param("scienceworld", marks=[pytest.mark.scienceworld, pytest.mark.slow]),
+                                      "synthshop"])
 def test_interq_train_end_to_end_on_each_benchmark(tmp_path, env_name, capsys, tiny_checkpoint):
     """Warm start from the env's expert / gold paths, one RL step, held-out evaluation on the unseen split, through
     the worker pool for the slow engines; ALFWorld's run records where its games came from."""
@@ -273,6 +275,8 @@ def test_interq_train_end_to_end_on_each_benchmark(tmp_path, env_name, capsys, t
 
 
 @pytest.mark.slow
+@pytest.mark.smollm2
+@pytest.mark.alfworld
 def test_smollm2_on_alfworld_with_verl_agent_prompt(tmp_path):
     """interq train model.source=smollm2 env.name=alfworld: SmolLM2-135M-Instruct, verl-agent's prompt, actions in
     <action> tags (warm start on tagged expert answers), 1 RL step of 2 episodes x 2 turns."""

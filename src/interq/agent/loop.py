@@ -30,8 +30,10 @@ Where the environments run (``envs``):
 
 A worker that crashes or hangs costs only its episode: the pool returns a failure result, the episode ends there
 with ``Episode.failed`` set to the reason (its last turn recorded with reward 0 and not valid), the other episodes
-go on, and the pool replaces the worker at the next wave's reset. Environment time (resets and steps, seconds)
-is summed in ``envs.seconds``.
+go on, and the pool replaces the worker at the next wave's reset. A reset that fails is retried once on a fresh
+worker by the pool; one that fails again raises :class:`interq.envs.pool.EnvPoolError` (a task that cannot be
+started is a set-up error, not a lost episode). Environment time (building in-process envs, resets, steps;
+seconds) is summed in ``envs.seconds``.
 """
 
 from __future__ import annotations
@@ -115,8 +117,8 @@ class InProcessEnvs:
     def reset(self, tasks: Sequence[TaskSpec]) -> list[Observation]:
         import time
 
-        self.envs = [self.make_env() for _ in tasks]
         t0 = time.perf_counter()
+        self.envs = [self.make_env() for _ in tasks]  # built per episode (a JVM each for ScienceWorld): env time too
         out = [env.reset(t) for env, t in zip(self.envs, tasks)]
         self.seconds += time.perf_counter() - t0
         return out
