@@ -101,3 +101,22 @@ def test_programming_errors(pool):
         EnvPool(lambda: make_env("household"), num_envs=1)
     with pytest.raises(ValueError, match="num_envs"):
         EnvPool(_faulty, num_envs=0)
+
+
+def test_fault_injection_at_a_given_step_of_a_task():
+    """FaultInjectionEnv(die_at_step=, hang_at_step=): the k-th step of that task's episode fails, whatever the action
+    (how the trainer's tests fail a worker in the middle of a policy's episode); other tasks play on."""
+    tasks = make_env("household", split_sizes=SIZES).tasks("train")[:3]
+    fn = functools.partial(FaultInjectionEnv, functools.partial(make_env, "household", split_sizes=SIZES),
+                           die_at_step={tasks[0].task_id: 2}, hang_at_step={tasks[1].task_id: 1})
+    with EnvPool(fn, num_envs=3, step_timeout_s=2.0) as p:
+        p.reset_batch(tasks)
+        first = p.step_batch(["look"] * 3)
+        assert first[0].info["valid_action"] and "timed out" in first[1].info["failure"]
+        assert first[2].info["valid_action"]
+        second = p.step_batch(["look", None, "look"])
+        assert "worker died" in second[0].info["failure"] and second[2].info["valid_action"]
+        assert p.active == [False, False, True]
+        p.reset_batch([tasks[2], tasks[2], tasks[2]])         # replaced workers; the faults follow the task only
+        assert all(r.info["valid_action"] for r in p.step_batch(["look"] * 3) + p.step_batch(["look"] * 3))
+        assert p.restarts[:2] == [1, 1]
