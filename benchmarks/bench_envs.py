@@ -17,10 +17,10 @@ Measured in one run on this machine:
   ``*_pool_start_s``); then the timer covers every reset and step. A pool steps its slots in lockstep and resets
   them as a batch (``reset_batch``), so episodes run in waves of N. ``*_pool_speedup`` = the best worker count's
   episodes/s over in-process's; ``*_pool_same_outcomes``: every configuration played every episode the same
-  (steps and outcome) as in-process; ``*_pool_cores_used``: CPU seconds of this process and its reaped children
-  workers per wall second over each configuration's whole life: how much CPU it actually got (on a machine busy
-  with other work, more workers cannot help if this does not grow; ALFWorld only: ScienceWorld's JVMs exit
-  after ``close`` without being reaped in time to be counted);
+  (steps and outcome) as in-process; ``*_pool_cores_used``: CPU seconds of this process and its worker
+  processes per wall second over each configuration's whole life: how much CPU it actually got (on a machine busy
+  with other work, more workers cannot help if this does not grow; ALFWorld only: ScienceWorld's CPU is spent in
+  its JVMs, which are not counted);
 - the fidelity check (``interq.envs.alfworld.fidelity``): ``--fidelity-per-type`` household tasks of each of the
   six types walked in both engines (the full report: ``--fidelity-per-type 50``);
 - one policy on two engines (``scripts/cross_engine_eval.py``): the household policy ``--policy`` (default the
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import random
 import resource
 import sys
@@ -181,10 +182,18 @@ def _random_admissible(task_id, step, obs):
     return random.Random(f"{task_id}|{step}").choice(adm) if adm else "look"
 
 
-def _cpu_s():
-    """CPU seconds of this process and its terminated, joined children (the pool's workers once closed)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+def _cpu_s(pids=()):
+    """CPU seconds of this process (all its threads) plus those of the running processes ``pids`` (the pool's
+    workers, read from /proc before they are closed)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    total = me.ru_utime + me.ru_stime
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def _play_in_process(env, tasks, policy):
@@ -240,8 +249,8 @@ def _play_pool(pool, tasks, policy):
 
 def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None, count_cores=True):
     """Episodes per second in-process and through EnvPool with each worker count; see the module docstring.
-    ``count_cores=False``: the env's CPU is spent in a process this one does not reap in time (ScienceWorld's JVM
-    exits asynchronously after ``close``), so the CPU share is not reported."""
+    ``count_cores=False``: the env's CPU is spent in a process of its own (ScienceWorld's JVM), not counted, so the
+    CPU share is not reported."""
     from interq.envs import make_env
     from interq.envs.pool import EnvPool
 
@@ -253,7 +262,7 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None, count_core
     env.reset(tasks[0])  # untimed first reset (caches, JIT), as each pool worker gets below
     dt, ref = _play_in_process(env, tasks, policy)
     env.close()
-    # CPU cores used over the env's whole life (a JVM is counted once closed and reaped), as for the pools below
+    # CPU cores used over the env's whole life, as for the pools below
     cores = {"in_process": (_cpu_s() - c0) / (time.perf_counter() - t0)}
     eps = {"in_process": len(tasks) / dt}
     start, same, failed = {}, True, 0
@@ -264,10 +273,11 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None, count_core
             start[str(w)] = time.perf_counter() - t0
             pool.reset_batch(tasks[:w])  # untimed first reset of every worker
             dt, got, f = _play_pool(pool, tasks, policy)
+            # CPU of this process and the workers over the pool's whole life, start-up included (no worker was
+            # replaced: a replaced worker's CPU would be missing)
+            cores[str(w)] = (_cpu_s([pool.worker_pid(i) for i in range(w)]) - c0) / (time.perf_counter() - t0)
         finally:
             pool.close()
-        # CPU of this process and the (joined) workers over the pool's whole life, start-up included
-        cores[str(w)] = (_cpu_s() - c0) / (time.perf_counter() - t0)
         eps[str(w)] = len(tasks) / dt
         same &= got == ref
         failed += f
