@@ -10,6 +10,9 @@ built-in ``household`` engine and in the real ALFWorld engine, with the same sam
   or the first ``--tasks``). Each household world is exported as a real ALFWorld game
   (:mod:`interq.envs.alfworld.export`, through ``AlfworldEnv(worlds=...)``) and played there under the same task id
   and goal text.
+- The listing: ALFWorld lists the admissible actions in household's default order; with household's
+  ``shuffle_actions`` (a fixed permutation per task and admissible set), the ALFWorld observations are listed in
+  the same permuted order (:class:`ListedLikeHousehold`), so index answers name the same action in both.
 - The play: the trainer's own rollout (:func:`interq.train.rl.rollout`: the config's executor, chat format, layout,
   history window, action format, turn limit) with the trainer's evaluation seeds (``10_000_019 + i``) and its
   evaluation temperature (``train.eval_temperature`` unless ``--temperature``), in chunks of ``--batch`` episodes,
@@ -103,6 +106,48 @@ def _first_difference(h, a) -> dict | None:
     return None
 
 
+class ListedLikeHousehold:
+    """An ALFWorld env whose observations list the admissible actions in the order the household env of ``seed``
+    lists them for the same task and state (household's ``shuffle_actions``: a fixed permutation per task and
+    admissible set). The order is computed by household's own ``admissible_actions`` over ALFWorld's list (which is
+    household's unshuffled order), so the two engines show the policy the same numbered list."""
+
+    name = "alfworld"
+
+    def __init__(self, inner, seed: int):
+        self.inner, self.seed = inner, seed
+
+    def _listed(self, obs):
+        from dataclasses import replace
+        from types import SimpleNamespace
+
+        from interq.envs.household import HouseholdEnv
+
+        if not obs.admissible_actions:
+            return obs
+        view = SimpleNamespace(_game=SimpleNamespace(admissible_commands=lambda: list(obs.admissible_actions)),
+                               _task=obs.task, seed=self.seed, shuffle_actions=True)
+        return replace(obs, admissible_actions=HouseholdEnv.admissible_actions(view))
+
+    def tasks(self, split):
+        return self.inner.tasks(split)
+
+    def reset(self, task):
+        return self._listed(self.inner.reset(task))
+
+    def step(self, action):
+        from dataclasses import replace
+
+        r = self.inner.step(action)
+        return replace(r, observation=self._listed(r.observation))
+
+    def parse_action(self, generated_text):
+        return self.inner.parse_action(generated_text)
+
+    def close(self):
+        self.inner.close()
+
+
 def load_settings(policy_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()):
     """(RunConfig, where it came from): the policy's run_config.yaml, else the demo's settings; overrides on top."""
     from interq.train.config import ConfigError, build_config, load_config, with_overrides
@@ -153,7 +198,7 @@ def cross_engine_eval(policy_dir: str | Path, num_tasks: int | None = None, temp
                          f"{cfg.env.task_types!r}")
     hh = make_household()
     worlds = [hh.world(t) for t in tasks]
-    max_steps = hh.max_steps
+    max_steps, shuffled, seed = hh.max_steps, bool(getattr(hh, "shuffle_actions", False)), hh.seed
     hh.close()
 
     tmp = None
@@ -162,7 +207,8 @@ def cross_engine_eval(policy_dir: str | Path, num_tasks: int | None = None, temp
         cache_dir = tmp.name
 
     def make_alfworld():
-        return AlfworldEnv(worlds=worlds, cache_dir=cache_dir, max_steps=max_steps, expert=False)
+        env = AlfworldEnv(worlds=worlds, cache_dir=cache_dir, max_steps=max_steps, expert=False)
+        return ListedLikeHousehold(env, seed) if shuffled else env
 
     alf_tasks = [TaskSpec("alfworld", t.task_id, t.split, t.task_type, t.description) for t in tasks]
     model, tokenizer = policy if policy is not None else load_policy(policy_dir, "float32")
@@ -231,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16, help="episodes played at once in each engine")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--json", default=None, help="also write the full report here")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides may come before or after the options
     import torch
 
     from interq.machine import describe, load_avg, machine_info

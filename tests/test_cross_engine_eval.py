@@ -99,3 +99,28 @@ def test_a_warm_started_policy_plays_identical_episodes_in_both_engines(tmp_path
     assert rep.household_outcomes == rep.alfworld_outcomes and rep.success_diff == 0.0 and rep.discordant == 0
     assert rep.household_invalid_frac == rep.alfworld_invalid_frac < 0.9   # the policy does act: not all invalid
     assert rep.mean_turns[0] == rep.mean_turns[1] > 1
+
+
+@pytest.mark.alfworld
+def test_shuffled_listing_is_the_same_in_both_engines(tmp_path):
+    """household's shuffle_actions permutes the listed actions per task and state; the ALFWorld side lists them in
+    the same permuted order (so an index answer names the same action), which the raw ALFWorld env does not."""
+    pytest.importorskip("textworld")
+    from interq.envs.alfworld import AlfworldEnv
+    from interq.envs.household import HouseholdEnv
+
+    hh = HouseholdEnv(split_sizes={"valid_seen": 4}, size="small", shuffle_actions=True, seed=3)
+    worlds = [hh.world(t) for t in hh.tasks("valid_seen")]
+    raw = AlfworldEnv(worlds=worlds, cache_dir=tmp_path, expert=False)
+    listed = xe.ListedLikeHousehold(AlfworldEnv(worlds=worlds, cache_dir=tmp_path, expert=False), seed=3)
+    differs = 0
+    for w in worlds:
+        h, r, a = hh.reset(w.task_id), raw.reset(w.task_id), listed.reset(w.task_id)
+        rng = random.Random(w.task_id)
+        for _ in range(6):
+            assert a.admissible_actions == h.admissible_actions and a.text == h.text
+            assert sorted(r.admissible_actions) == sorted(h.admissible_actions)
+            differs += r.admissible_actions != h.admissible_actions
+            act = rng.choice(h.admissible_actions)
+            h, r, a = hh.step(act).observation, raw.step(act).observation, listed.step(act).observation
+    assert differs > 0
