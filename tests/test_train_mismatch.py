@@ -204,3 +204,22 @@ def test_a_warm_start_made_from_other_inputs_is_refused_then_remade_with_fresh(t
     assert "warm_start.steps" in capsys.readouterr().err
     assert main(["mismatch", "--preset", "q-interq", "--out", str(out), "--episodes", "2", "--fresh", *other]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("RESULT ")
+
+
+def test_setting_and_regime_apply_before_the_overrides(tmp_path, capsys, policy_dir, monkeypatch):
+    """--setting puts interq compare's built-in overrides first and --regime its executor regime after them; the
+    command line's own overrides come last and win."""
+    from interq.train import experiments
+
+    monkeypatch.setitem(experiments.SETTINGS, "demo", ["rollout.max_action_tokens=2", "train.seed=5"])
+    out = tmp_path / "mm"
+    assert main(["mismatch", "--preset", "q-interq", "--policy", str(policy_dir), "--out", str(out), "--episodes", "2",
+                 "--setting", "demo", "--regime", "matched", *TOY, "train.seed=7"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1][len("RESULT "):])
+    e = res["executor"]
+    assert (e["w_bits"], e["a_bits"], e["kv_bits"]) == (4, 4, 4)  # REGIMES["matched"]
+    saved = (out / "config.yaml").read_text()
+    assert "max_action_tokens: 3" in saved and "seed: 7" in saved  # TOY and the last override win over the setting
+    assert main(["mismatch", "--preset", "q-interq", "--policy", str(policy_dir), "--out", str(tmp_path / "m2"),
+                 "--episodes", "2", "--setting", "demo", *(t for t in TOY if "max_action_tokens" not in t)]) == 0
+    assert "max_action_tokens: 2" in (tmp_path / "m2" / "config.yaml").read_text()  # without TOY's: the setting's

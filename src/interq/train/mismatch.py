@@ -32,6 +32,7 @@ import torch
 from interq.machine import describe, load_avg, machine_info
 from interq.train import rl
 from interq.train.config import ConfigError, RunConfig, build_config, save_config
+from interq.train.experiments import REGIMES, SETTINGS
 
 # ---------------------------------------------------------------------------------------------- the profile
 
@@ -290,8 +291,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", default=None, help="output directory (default: runs/mismatch/<name>)")
     p.add_argument("--fresh", action="store_true", help="move a warm start in --out that was made from other inputs "
                    "aside to <dir>.stale-<time> and make it again (default: stop and name every differing field)")
+    p.add_argument("--setting", default="none", choices=sorted(SETTINGS), help="built-in overrides applied first, as "
+                   "in interq compare: demo (the demo's settings), study (the comparison study's), none (default)")
+    p.add_argument("--regime", default=None, choices=sorted(REGIMES), help="the executor regime of interq compare, "
+                   "applied after --setting: natural (the preset's W8A8-KV8) or matched (W4A4-KV4); default: none")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. rollout.kv_format=fp8_per_token_head")
     args = p.parse_args(argv)
+    overrides = [*SETTINGS[args.setting], *REGIMES.get(args.regime, []), *args.overrides]
 
     # everything is validated before any work
     t0 = time.perf_counter()
@@ -300,7 +306,7 @@ def main(argv: list[str]) -> int:
     if args.budget is not None and not args.budget >= 0:
         _fail(f"--budget={args.budget} is not accepted; it must be >= 0 (nats, inf allowed)")
     try:
-        cfg = build_config(args.preset, args.overrides)
+        cfg = build_config(args.preset, overrides)
     except ConfigError as e:
         _fail(str(e))
     if args.policy is not None and not (Path(args.policy) / "config.json").is_file():
