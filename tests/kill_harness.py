@@ -23,7 +23,8 @@ Where a job kills (``plan``):
 
 The answer: ``returncode`` (``-9`` when killed), ``killed``, ``phase`` (where the child was when it died: the
 innermost phase path, e.g. ``train>checkpoint``), ``events`` (``resumed <step>`` / ``resumed none`` when the run's
-resume returned, ``saved <step>`` after each checkpoint write returned, ``warm_start done``, ``killed at <op>``).
+resume returned, ``saved <step> ops <n>`` after each checkpoint write returned (with its number of file operations),
+``warm_start done ops <n>``, ``killed at <where>``).
 The child's stdout and stderr go to the job's ``log`` file.
 """
 
@@ -73,64 +74,75 @@ def _child(job: dict, marker: mmap.mmap) -> None:
     run_dir = os.path.realpath(job["run_dir"])
     stack: list[str] = []
     counts: dict[str, int] = {}
-    armed = {"save": 0, "op": 0}  # for kind "fileop": writes of the target phase seen, ops seen in the current one
+    writes = {"checkpoint": [0, 0], "warm_start": [0, 0]}  # label -> [writes begun, file operations in the current]
 
     def die(where: str) -> None:
         event(f"killed at {where}")
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def planned(label: str) -> bool:  # this is the write the plan kills in
+        return plan.get("kind") == "fileop" and plan["phase"] == label and writes[label][0] == plan["save"]
+
     def wrap(mod, name: str, label: str, after=None) -> None:
-        fn = getattr(mod, name)
+        fn = getattr(mod, name, None)
+        if fn is None:  # an older trainer without this function (e.g. before resume_checkpoint): not marked
+            return
 
         def wrapper(*args, **kwargs):
             stack.append(label)
             path = ">".join(stack)
             counts[path] = counts.get(path, 0) + 1
-            target = plan.get("kind") == "fileop" and label == plan["phase"]
-            if target:
-                armed["save"] += 1
-                armed["op"] = 0
+            if label in writes:
+                writes[label][0] += 1
+                writes[label][1] = 0
             _write_marker(marker, stack, counts)
             try:
                 out = fn(*args, **kwargs)
             finally:
                 stack.pop()
                 _write_marker(marker, stack, counts)
-            if target and armed["save"] == plan["save"]:
-                die(f"the end of {label} {armed['save']} (after {armed['op']} file operations)")
+            if label in writes and planned(label):
+                die(f"the end of {label} {writes[label][0]} (after its {writes[label][1]} file operations)")
             if after is not None:
                 after(out, args, kwargs)
             return out
 
         setattr(mod, name, wrapper)
 
-    wrap(pipeline, "prepare_policy", "warm_start", lambda *_: event("warm_start done"))
+    def ops(label: str) -> str:
+        return f"ops {writes[label][1]}"
+
+    wrap(pipeline, "prepare_policy", "warm_start", lambda *_: event(f"warm_start done {ops('warm_start')}"))
     wrap(build, "collect_demos", "demos")
     wrap(policy, "build_tiny_policy", "tokenizer")
     wrap(sft, "run_sft", "sft")
     wrap(rl, "train", "train")
-    wrap(checkpoint, "resume_checkpoint", "resume",
-         lambda st, *_: event(f"resumed {st['step'] if st is not None else 'none'}"))
+    resume = "resume_checkpoint" if hasattr(checkpoint, "resume_checkpoint") else "load_checkpoint"  # older trainers
+    wrap(checkpoint, resume, "resume", lambda st, *_: event(f"resumed {st['step'] if st is not None else 'none'}"))
     wrap(rl, "rollout", "rollout")
     wrap(rl, "update", "update")
     wrap(rl, "evaluate", "eval")
-    wrap(checkpoint, "save_checkpoint", "checkpoint", lambda _, a, k: event(f"saved {a[1] if len(a) > 1 else k['step']}"))
+    wrap(checkpoint, "save_checkpoint", "checkpoint",
+         lambda _, a, k: event(f"saved {a[1] if len(a) > 1 else k['step']} {ops('checkpoint')}"))
 
-    if plan.get("kind") == "fileop":
-        def audit(name: str, args: tuple) -> None:
-            if name not in FILE_OPS or plan["phase"] not in stack or armed["save"] != plan["save"]:
-                return
-            target = os.fspath(args[0]) if args and isinstance(args[0], (str, bytes, os.PathLike)) else ""
-            if isinstance(target, bytes):
-                target = target.decode(errors="replace")
-            if not os.path.realpath(target).startswith(run_dir):
-                return
-            armed["op"] += 1
-            if armed["op"] == plan["op"]:
-                die(f"{name} {os.path.relpath(os.path.realpath(target), run_dir)} "
-                    f"({plan['phase']} {armed['save']}, file operation {armed['op']})")
+    def audit(name: str, args: tuple) -> None:  # counts (and, if planned, dies at) file operations of a write
+        if name not in FILE_OPS:
+            return
+        label = "checkpoint" if "checkpoint" in stack else "warm_start" if "warm_start" in stack else None
+        if label is None:
+            return
+        target = os.fspath(args[0]) if args and isinstance(args[0], (str, bytes, os.PathLike)) else ""
+        if isinstance(target, bytes):
+            target = target.decode(errors="replace")
+        target = os.path.realpath(target)
+        if not target.startswith(run_dir):
+            return
+        writes[label][1] += 1
+        if planned(label) and writes[label][1] == plan["op"]:
+            die(f"{name} {os.path.relpath(target, run_dir)} ({label} {writes[label][0]}, file operation "
+                f"{writes[label][1]})")
 
-        sys.addaudithook(audit)
+    sys.addaudithook(audit)
 
     code = 1
     try:
