@@ -113,3 +113,19 @@ def resolve_split_sizes(defaults: dict[str, int], split_sizes: dict[str, int] | 
             raise ValueError(f"split_sizes[{k!r}] must be a non-negative int; got {v!r}")
         sizes[k] = v
     return sizes
+
+
+def describe_splits(env: Env, splits: tuple[str, ...] | list[str]) -> dict[str, dict]:
+    """``split_sizes`` ({split: number of tasks}) and ``task_types`` ({split: {task type: number of tasks}}, types
+    in order of first appearance) of ``env.tasks(split)`` for each split: the part of an env's ``info()`` that says
+    what its splits hold."""
+    sizes: dict[str, int] = {}
+    types: dict[str, dict[str, int]] = {}
+    for split in splits:
+        tasks = env.tasks(split)
+        sizes[split] = len(tasks)
+        counts: dict[str, int] = {}
+        for t in tasks:
+            counts[str(t.task_type)] = counts.get(str(t.task_type), 0) + 1
+        types[split] = counts
+    return {"split_sizes": sizes, "task_types": types}

@@ -29,7 +29,8 @@ import os
 import threading
 
 from .._optional import require
-from .base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action
+from .base import (EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, describe_splits,
+                   extract_tagged_action)
 
 SPLITS = ("train", "dev", "test")
 DEFAULT_JAVA_OPTIONS = "-Xmx384m -XX:+UseSerialGC"
@@ -102,14 +103,38 @@ class ScienceWorldEnv:
         if task_name not in self.all_task_names:
             raise UnknownTaskError(f"unknown ScienceWorld task {task_name!r}; accepted: {self.all_task_names}")
         key = (task_name, split)
-        if key not in self._variations:
+        if key not in self._variations:  # one load lists the task's three splits
             self._sw.load(task_name, 0, self.simplification, generateGoldPath=False)
-            getter = {"train": self._sw.get_variations_train, "dev": self._sw.get_variations_dev,
-                      "test": self._sw.get_variations_test}[split]
-            self._variations[key] = sorted(int(v) for v in getter())
+            for s, getter in (("train", self._sw.get_variations_train), ("dev", self._sw.get_variations_dev),
+                              ("test", self._sw.get_variations_test)):
+                self._variations[(task_name, s)] = sorted(int(v) for v in getter())
             self._started = False
             self._done = True
         return list(self._variations[key])
+
+    def info(self) -> dict:
+        """What this env plays, for the run's records (``env_info.json``; the warm start's ``policy_summary.json``):
+        the engine and its version, the JVM, the tasks and each split's size and task types (after
+        ``max_variations``), and the episode settings. Lists every split (one ``load`` per task, about 0.1 s each,
+        shared with ``tasks``); ends any running episode, like ``tasks`` does."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            engine_version = version("scienceworld")
+        except PackageNotFoundError:  # pragma: no cover - imported, so installed
+            engine_version = "unknown"
+        try:  # the JVM this env talks to (py4j gateway of the scienceworld package)
+            system = self._sw._gateway.jvm.java.lang.System
+            runtime = self._sw._gateway.jvm.java.lang.Runtime.getRuntime()
+            java = {"version": str(system.getProperty("java.version")), "vm": str(system.getProperty("java.vm.name")),
+                    "max_heap_mib": int(runtime.maxMemory()) // 2 ** 20}
+        except Exception as e:  # noqa: BLE001 - a record, not a requirement
+            java = {"version": f"unknown ({type(e).__name__})"}
+        return {"env": self.name, "engine": "ScienceWorld", "version": f"scienceworld {engine_version}", "java": java,
+                "source": "ScienceWorld's task variations and its train/dev/test split",
+                "task_names": list(self.task_names), "max_variations": self.max_variations,
+                "simplification": self.simplification, **describe_splits(self, SPLITS), "max_steps": self.max_steps,
+                "reward_scale": self.reward_scale, "admissible": self.admissible}
 
     def tasks(self, split: str) -> list[TaskSpec]:
         if split not in SPLITS:

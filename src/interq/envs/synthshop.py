@@ -39,7 +39,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action, resolve_split_sizes
+from .base import (EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, describe_splits,
+                   extract_tagged_action, resolve_split_sizes)
 
 SEP = " [SEP] "
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -253,6 +254,7 @@ class SynthShopEnv:
         sizes = resolve_split_sizes(DEFAULT_SPLIT_SIZES, split_sizes)
         self.seed, self.split_sizes, self.max_steps = int(seed), sizes, max_steps
         self.success_reward = float(success_reward)
+        self.catalog_seed, self.products_per_type = catalog_seed, products_per_type
         self.catalog = Catalog(catalog_seed, products_per_type)
         self._goals: dict[str, ShopGoal] = {}
         self._goal: ShopGoal | None = None
@@ -260,6 +262,22 @@ class SynthShopEnv:
         self._state = _State()
         self._steps = 0
         self._done = False
+
+    def info(self) -> dict:
+        """What this env plays, for the run's records (``env_info.json``; the warm start's ``policy_summary.json``):
+        the engine (not WebShop's data), the catalog, each split's size and task types (product categories), and the
+        episode settings. Lists the tasks of every split; changes nothing an episode sees."""
+        from interq import __version__
+
+        return {"env": self.name,
+                "engine": "synthshop: interq's built-in WebShop-style shop (WebShop's actions and reward over a "
+                          "generated catalog, not WebShop's product data)",
+                "version": f"interq {__version__}", "source": "generated", "seed": self.seed,
+                "catalog": {"seed": self.catalog_seed, "products_per_type": self.products_per_type,
+                            "products": len(self.catalog.products), "categories": len(CATEGORIES),
+                            "product_types": sum(len(c["types"]) for c in CATEGORIES.values())},
+                "unseen_product_types": sorted(UNSEEN_TYPES),  # targeted only by valid_unseen
+                **describe_splits(self, SPLITS), "max_steps": self.max_steps, "success_reward": self.success_reward}
 
     # ---- tasks ---------------------------------------------------------------------------------
     def goal(self, task: TaskSpec | str) -> ShopGoal:

@@ -126,8 +126,10 @@ def run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | N
     make_env = env_factory(cfg.env)
     env_info: dict = {}
     train_tasks, eval_tasks = split_tasks(make_env, cfg.env, env_info)
-    if env_info:  # what the environment chose (e.g. ALFWorld's game source), kept with the run
+    if env_info:  # what the environment plays (engine, version, data source, splits, task types), kept with the run
+        from interq.train.atomic import write_text_atomic
+
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "env_info.json").write_text(json.dumps(env_info, indent=1) + "\n")
+        write_text_atomic(run_dir / "env_info.json", json.dumps(env_info, indent=1) + "\n")
     return train(cfg, run_dir, model, tokenizer, make_env, train_tasks, eval_tasks, resume=resume,
                  start_policy=start_policy)
