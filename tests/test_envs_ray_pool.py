@@ -1,7 +1,8 @@
 """RayEnvPool: EnvPool's interface on Ray actors, on a local Ray instance on CPU (one instance for the module).
 
-The same checks as tests/test_envs_pool.py: batched stepping equals stepping in process, a killed actor (ray.kill)
-or a dead one fails only its episode and is replaced, a hung step times out, programming errors raise. Skipped only
+The checks every pool passes (tests/pool_checks.py, also run on EnvPool by tests/test_envs_pool.py): a killed actor
+(ray.kill) or a dead one fails only its episode and is replaced, a hung step times out, programming errors raise; and
+here: batched stepping equals stepping in process, an actor lost outside a step is reported at the next. Skipped only
 where Ray is not importable (and under INTERQ_REQUIRE_ENGINES, i.e. `make test`, that skip is a failure).
 """
 
@@ -15,11 +16,9 @@ import time
 import pytest
 
 from interq.envs import make_env
-from interq.envs.base import EpisodeError
-from interq.envs.pool import EnvPoolError, FaultInjectionEnv
-
-SIZES = {"train": 12, "valid_seen": 2, "valid_unseen": 2}
-ENV_FN = functools.partial(FaultInjectionEnv, functools.partial(make_env, "household", split_sizes=SIZES))
+from interq.envs.pool import EnvPoolError
+from pool_checks import (FAULTY_HOUSEHOLD, SIZES, check_hung_step_times_out, check_killed_worker_fails_only_its_episode,
+                         check_programming_errors, expert_run)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +37,7 @@ def ray():
 def pool(ray):
     from interq.envs.ray_pool import RayEnvPool
 
-    p = RayEnvPool(ENV_FN, num_envs=3, step_timeout_s=2.0)
+    p = RayEnvPool(FAULTY_HOUSEHOLD, num_envs=3, step_timeout_s=2.0)
     yield p
     p.close()
 
@@ -55,18 +54,6 @@ def _wait_dead(ray, actor, timeout_s=30.0):
             pass
         time.sleep(0.1)
     raise AssertionError("the killed actor still answers")
-
-
-def _expert_run(pool, tasks):
-    pool.reset_batch(tasks)
-    final = [None] * pool.num_envs
-    while any(pool.active):
-        actions = pool.expert_actions()
-        res = pool.step_batch([a if act else None for a, act in zip(actions, pool.active)])
-        for i, r in enumerate(res):
-            if r is not None and (r.terminated or r.truncated):
-                final[i] = r
-    return final
 
 
 def test_steps_equal_in_process_stepping(pool):
@@ -93,33 +80,24 @@ def test_steps_equal_in_process_stepping(pool):
         assert got == want
         steps += sum(a is not None for a in actions)
     assert steps > 10 and pool.tasks("train") == local[0].tasks("train")
-    final = _expert_run(pool, tasks)
+    final = expert_run(pool, tasks)
     assert all(r.info["won"] and r.terminated for r in final)
     assert pool.parse_action("<action>LOOK</action>").action == "look"
     assert all(isinstance(pool.worker_pid(i), int) for i in range(3))
 
 
 def test_killed_actor_fails_only_its_episode_and_is_replaced(pool, ray):
-    tasks = pool.tasks("train")[3:6]
-    obs = pool.reset_batch(tasks)
-    restarts, old = list(pool.restarts), pool.actor(1)
-    ray.kill(old)                                               # mid-episode, from outside
-    _wait_dead(ray, old)
-    res = pool.step_batch(["look", "look", "look"])
-    assert res[0].info["valid_action"] and res[2].info["valid_action"]
-    assert res[1].truncated and not res[1].terminated and res[1].reward == 0.0
-    assert res[1].info["failure"].startswith("worker died") and res[1].info["won"] is False
-    assert pool.failures[-1] == (1, res[1].info["failure"]) and "ray.kill" in res[1].info["failure"]
-    assert res[1].observation.task == tasks[1]
-    assert pool.active == [True, False, True] and pool.actor(1) is None
-    with pytest.raises(EpisodeError):
-        pool.step_batch([None, "look", None])                    # the failed episode has ended
-    res = pool.step_batch(["look", None, "__die__"])             # an actor that kills itself
-    assert res[1] is None and res[0].info["valid_action"] and "worker died" in res[2].info["failure"]
-    again = pool.reset_batch(tasks)                              # replaced, same tasks, same start
-    assert again == obs and pool.restarts[1] == restarts[1] + 1 and pool.restarts[2] == restarts[2] + 1
+    old = pool.actor(1)
+
+    def kill(slot):
+        ray.kill(pool.actor(slot))
+        _wait_dead(ray, old)
+
+    def after_failure(res):
+        assert "ray.kill" in res[1].info["failure"] and pool.actor(1) is None
+
+    check_killed_worker_fails_only_its_episode(pool, kill, after_failure)
     assert pool.actor(1) is not None and pool.actor(1) != old
-    assert pool.step_batch(["look", "look", "look"])[1].info["valid_action"]
 
 
 def test_actor_lost_outside_a_step_is_reported_at_the_next_step(pool, ray):
@@ -137,44 +115,21 @@ def test_actor_lost_outside_a_step_is_reported_at_the_next_step(pool, ray):
 
 
 def test_hung_step_times_out(pool):
-    tasks = pool.tasks("train")[:3]
-    pool.reset_batch(tasks)
-    restarts = list(pool.restarts)
-    t0 = time.monotonic()
-    res = pool.step_batch(["look", "__hang__", "__raise__"])
-    assert time.monotonic() - t0 < 30                             # bounded by the timeout, not the hang
-    assert res[0].info["valid_action"] and not res[0].truncated
-    assert "timed out" in res[1].info["failure"] and res[1].truncated
-    assert "env error: RuntimeError: injected fault" in res[2].info["failure"]
-    assert pool.active == [True, False, False]
-    res = pool.step_batch(["look", None, None])                  # the rest of the batch goes on
-    assert res[0].observation.text.startswith("You are in the middle")
-    assert len(_expert_run(pool, tasks)) == 3
-    assert pool.restarts == [restarts[0], restarts[1] + 1, restarts[2] + 1]
+    check_hung_step_times_out(pool)
 
 
 def test_programming_errors_and_bad_arguments(pool):
     from interq.envs.ray_pool import RayEnvPool
 
-    pool.reset_batch([pool.tasks("train")[0]])
-    assert pool.active == [True, False, False]
-    with pytest.raises(ValueError, match="expected 3 actions"):
-        pool.step_batch(["look"])
-    with pytest.raises(TypeError, match="slot 0 must be a str"):
-        pool.step_batch([3, None, None])
-    with pytest.raises(ValueError, match="4 tasks for 3 slots"):
-        pool.reset_batch(pool.tasks("train")[:4])
-    with pytest.raises(EnvPoolError, match="UnknownTaskError"):
-        pool.reset_batch([None, make_env("household").tasks("valid_seen")[0].__class__(
-            env="household", task_id="train-99999", split="train")])
-    pool.reset_batch([pool.tasks("train")[0]])                   # pool still usable
-    assert pool.step_batch(["look", None, None])[0].info["valid_action"]
+    check_programming_errors(pool)
+    with pytest.raises(TypeError, match="slot 1 must be a TaskSpec"):
+        pool.reset_batch([None, "train-00000"])
     with pytest.raises(ValueError, match="num_envs"):
-        RayEnvPool(ENV_FN, num_envs=0)
+        RayEnvPool(FAULTY_HOUSEHOLD, num_envs=0)
     with pytest.raises(ValueError, match="step_timeout_s"):
-        RayEnvPool(ENV_FN, num_envs=1, step_timeout_s=0)
+        RayEnvPool(FAULTY_HOUSEHOLD, num_envs=1, step_timeout_s=0)
     with pytest.raises(TypeError, match="actor_options"):
-        RayEnvPool(ENV_FN, num_envs=1, actor_options=["num_cpus", 1])
+        RayEnvPool(FAULTY_HOUSEHOLD, num_envs=1, actor_options=["num_cpus", 1])
 
 
 def test_an_env_that_cannot_be_built_fails_the_start(ray):

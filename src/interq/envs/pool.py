@@ -49,6 +49,212 @@ class EnvPoolError(RuntimeError):
     """A slot could not be brought up or reset even after a restart."""
 
 
+class SlotState:
+    """What the batch API knows of a slot, whatever carries its messages."""
+
+    def __init__(self) -> None:
+        self.task: TaskSpec | None = None
+        self.active = False     # an episode is running (reset done, not ended)
+        self.healthy = False    # the worker is up and answering
+        self.lost: str | None = None  # RayEnvPool only: the episode's worker was lost outside step_batch
+
+
+class BatchPool:
+    """The batch API that :class:`EnvPool` (worker processes) and :class:`~interq.envs.ray_pool.RayEnvPool` (Ray
+    actors) share: argument checks, the reset retries, failure results, the bookkeeping of restarts and failures.
+
+    A subclass carries the messages. It sets up its transport, then calls :meth:`_setup`, and provides:
+
+    - ``_start(slots)``: start a worker for each slot and wait until it is ready (``healthy``) or failed (``_fail``);
+    - ``_kill(i)``: stop slot ``i``'s worker (no longer healthy nor active);
+    - ``_submit(i, cmd, arg) -> (handle, error)``: send ``("reset", task)`` or ``("step", action)`` to slot ``i``'s
+      worker; ``error`` (a failure reason) when it could not be sent;
+    - ``_wait(handles, timeout_s) -> {slot: (ok, result or failure reason)}``: the answers of ``{slot: handle}``,
+      never blocking past ``timeout_s``; reasons start with ``worker died``, ``worker timed out`` or ``env error``.
+    """
+
+    _unit = "workers"   # what the start failure calls them
+
+    def _setup(self, env_fn: Callable[[], Env], num_envs: int, step_timeout_s: float, reset_timeout_s: float | None,
+               start_timeout_s: float, reset_retries: int, slot: Callable[[], SlotState]) -> None:
+        """Record the settings, start every slot's worker; EnvPoolError (pool closed) if any fails to start."""
+        self.env_fn = env_fn
+        self.num_envs = num_envs
+        self.step_timeout_s = float(step_timeout_s)
+        self.reset_timeout_s = float(reset_timeout_s if reset_timeout_s is not None else max(step_timeout_s, 60.0))
+        self.start_timeout_s = float(start_timeout_s)
+        self.reset_retries = int(reset_retries)
+        self._slots = [slot() for _ in range(num_envs)]
+        self.restarts = [0] * num_envs
+        self.failures: list[tuple[int, str]] = []   # (slot, reason), in order
+        self._parse_env: Env | None = None
+        self._closed = False
+        self._start(list(range(num_envs)))
+        bad = [i for i in range(num_envs) if not self._slots[i].healthy]
+        if bad:
+            reasons = [r for s, r in self.failures if s in bad]
+            self.close()
+            raise EnvPoolError(f"{self._unit} {bad} failed to start: {reasons[:1]}")
+
+    # ---- transport hooks (see the class docstring) -----------------------------------------------
+    def _start(self, slots: list[int]) -> None:
+        raise NotImplementedError
+
+    def _kill(self, i: int) -> None:
+        raise NotImplementedError
+
+    def _submit(self, i: int, cmd: str, arg: Any) -> tuple[Any, str | None]:
+        raise NotImplementedError
+
+    def _wait(self, handles: dict[int, Any], timeout_s: float) -> dict[int, tuple[bool, Any]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _check_task(self, i: int, task: Any) -> None:
+        """A task ``reset_batch`` refuses before sending anything (EnvPool passes anything on to the env)."""
+
+    # ---- shared bookkeeping ----------------------------------------------------------------------
+    def _fail(self, i: int, reason: str) -> None:
+        self.failures.append((i, reason))
+        self._kill(i)
+
+    def _restart(self, i: int) -> None:
+        self._kill(i)
+        self.restarts[i] += 1
+        self._start([i])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+
+    # ---- the batch API ---------------------------------------------------------------------------
+    def reset_batch(self, tasks: Sequence[TaskSpec | None]) -> list[Observation | None]:
+        """Start an episode of ``tasks[i]`` in slot ``i`` (None leaves the slot idle, its episode dropped)."""
+        self._check_open()
+        if len(tasks) > self.num_envs:
+            raise ValueError(f"reset_batch: got {len(tasks)} tasks for {self.num_envs} slots")
+        for i, t in enumerate(tasks):
+            if t is not None:
+                self._check_task(i, t)
+        tasks = list(tasks) + [None] * (self.num_envs - len(tasks))
+        out: list[Observation | None] = [None] * self.num_envs
+        for s in self._slots:  # every episode ends here: a slot with a task is active again once reset
+            s.active, s.lost = False, None
+        errors: list[str] = []
+        todo = [i for i, t in enumerate(tasks) if t is not None]
+        for attempt in range(self.reset_retries + 1):
+            for i in todo:
+                if not self._slots[i].healthy:
+                    self._restart(i)
+            handles: dict[int, Any] = {}
+            failed: dict[int, str] = {}
+            for i in todo:
+                if not self._slots[i].healthy:
+                    failed[i] = "worker could not be restarted"
+                    continue
+                handle, err = self._submit(i, "reset", tasks[i])
+                if err:
+                    failed[i] = err
+                else:
+                    handles[i] = handle
+            for i, (ok, payload) in self._wait(handles, self.reset_timeout_s).items():
+                if ok:
+                    out[i] = payload
+                    self._slots[i].task, self._slots[i].active = tasks[i], True
+                else:
+                    failed[i] = payload
+            for i, reason in failed.items():
+                self._fail(i, f"reset of {tasks[i].task_id!r}: {reason}")
+            todo = sorted(failed)
+            if not todo:
+                break
+            if attempt == self.reset_retries:
+                errors = [f"slot {i} ({tasks[i].task_id}): {failed[i]}" for i in todo]
+        if errors:
+            raise EnvPoolError("reset failed after restart: " + "; ".join(errors))
+        return out
+
+    def step_batch(self, actions: Sequence[str | None]) -> list[StepResult | None]:
+        """Step every slot whose action is not None; returns a result per slot (None where skipped)."""
+        self._check_open()
+        if len(actions) != self.num_envs:
+            raise ValueError(f"step_batch: expected {self.num_envs} actions (None to skip a slot); got {len(actions)}")
+        for i, a in enumerate(actions):
+            if a is None:
+                continue
+            if not isinstance(a, str):
+                raise TypeError(f"step_batch: action for slot {i} must be a str or None; got {type(a).__name__}")
+            if not self._slots[i].active:
+                raise EpisodeError(f"step_batch: slot {i} has no running episode (never reset, or it ended); "
+                                   "reset it or pass None")
+        out: list[StepResult | None] = [None] * self.num_envs
+        handles: dict[int, Any] = {}
+        failed: dict[int, str] = {}
+        for i, a in enumerate(actions):
+            if a is None:
+                continue
+            if self._slots[i].lost is not None:  # its worker was lost earlier: this is where that is reported
+                failed[i] = self._slots[i].lost
+                continue
+            handle, err = self._submit(i, "step", a)
+            if err:
+                failed[i] = err
+            else:
+                handles[i] = handle
+        for i, (ok, payload) in self._wait(handles, self.step_timeout_s).items():
+            if ok:
+                out[i] = payload
+                if payload.terminated or payload.truncated:
+                    self._slots[i].active = False
+            else:
+                failed[i] = payload
+        for i, reason in failed.items():
+            task = self._slots[i].task
+            if self._slots[i].lost is None:
+                self._fail(i, reason)
+            else:
+                self._kill(i)   # already recorded in failures when it was lost
+            out[i] = self.failure_result(task, reason)
+        return out
+
+    @staticmethod
+    def failure_result(task: TaskSpec | None, reason: str) -> StepResult:
+        """The result reported for an episode lost to a worker failure."""
+        obs = Observation(text=f"[environment failure: {reason}]", admissible_actions=None, anchor="", task=task)
+        return StepResult(obs, 0.0, terminated=False, truncated=True,
+                          info={"won": False, "valid_action": False, "failure": reason})
+
+    def call(self, slot: int, method: str, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def tasks(self, split: str) -> list[TaskSpec]:
+        return self.call(0, "tasks", split)
+
+    def parse_action(self, generated_text: str) -> ParsedAction:
+        """The env's pure ``parse_action``, run in this process (one local env, built on first use)."""
+        if self._parse_env is None:
+            self._parse_env = self.env_fn()
+        return self._parse_env.parse_action(generated_text)
+
+    @property
+    def active(self) -> list[bool]:
+        return [s.active for s in self._slots]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 def _worker_main(conn: Connection, env_fn: Callable[[], Env]) -> None:  # runs in the child process
     try:
         env = env_fn()
@@ -82,16 +288,14 @@ def _worker_main(conn: Connection, env_fn: Callable[[], Env]) -> None:  # runs i
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-class _Slot:
+class _Slot(SlotState):
     def __init__(self) -> None:
+        super().__init__()
         self.proc: mp.process.BaseProcess | None = None
         self.conn: Connection | None = None
-        self.task: TaskSpec | None = None
-        self.active = False     # an episode is running (reset done, not ended)
-        self.healthy = False    # the worker is up and answering
 
 
-class EnvPool:
+class EnvPool(BatchPool):
     """A batch of environments in worker processes (see the module docstring).
 
     Args:
@@ -119,24 +323,8 @@ class EnvPool:
         except Exception as e:
             raise TypeError("env_fn must be picklable (a module-level function or functools.partial, e.g. "
                             f"EnvPool.from_name(name, ...)); pickling failed: {e}") from None
-        self.env_fn = env_fn
-        self.num_envs = num_envs
-        self.step_timeout_s = float(step_timeout_s)
-        self.reset_timeout_s = float(reset_timeout_s if reset_timeout_s is not None else max(step_timeout_s, 60.0))
-        self.start_timeout_s = float(start_timeout_s)
-        self.reset_retries = int(reset_retries)
         self._ctx = mp.get_context(start_method)
-        self._slots = [_Slot() for _ in range(num_envs)]
-        self.restarts = [0] * num_envs
-        self.failures: list[tuple[int, str]] = []   # (slot, reason), in order
-        self._parse_env: Env | None = None
-        self._closed = False
-        self._start(list(range(num_envs)))
-        bad = [i for i in range(num_envs) if not self._slots[i].healthy]
-        if bad:
-            reasons = [r for s, r in self.failures if s in bad]
-            self.close()
-            raise EnvPoolError(f"workers {bad} failed to start: {reasons[:1]}")
+        self._setup(env_fn, num_envs, step_timeout_s, reset_timeout_s, start_timeout_s, reset_retries, _Slot)
 
     @classmethod
     def from_name(cls, name: str, num_envs: int, step_timeout_s: float = 60.0, start_method: str = "spawn",
@@ -157,7 +345,7 @@ class EnvPool:
             proc.start()
             child.close()
             s.proc, s.conn, s.healthy, s.active = proc, parent, False, False
-        results = self._collect({i: self._slots[i] for i in slots}, self.start_timeout_s)
+        results = self._wait({i: self._slots[i] for i in slots}, self.start_timeout_s)
         for i, (ok, payload) in results.items():
             if ok:
                 self._slots[i].healthy = True
@@ -177,16 +365,7 @@ class EnvPool:
             s.conn.close()
         s.proc, s.conn, s.healthy, s.active = None, None, False, False
 
-    def _fail(self, i: int, reason: str) -> None:
-        self.failures.append((i, reason))
-        self._kill(i)
-
-    def _restart(self, i: int) -> None:
-        self._kill(i)
-        self.restarts[i] += 1
-        self._start([i])
-
-    def _collect(self, slots: dict[int, _Slot], timeout_s: float) -> dict[int, tuple[bool, Any]]:
+    def _wait(self, slots: dict[int, _Slot], timeout_s: float) -> dict[int, tuple[bool, Any]]:
         """Wait for one reply from each slot. Returns {slot: (ok, payload or reason)}; never blocks past timeout."""
         out: dict[int, tuple[bool, Any]] = {}
         deadline = time.monotonic() + timeout_s
@@ -227,99 +406,11 @@ class EnvPool:
         except (BrokenPipeError, OSError, ValueError) as e:
             return f"worker died: {type(e).__name__}: {e}"
 
-    # ---- the batch API -------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("EnvPool is closed")
+    def _submit(self, i: int, cmd: str, arg: Any) -> tuple[Any, str | None]:
+        err = self._send(i, (cmd, arg))
+        return (None, err) if err else (self._slots[i], None)
 
-    def reset_batch(self, tasks: Sequence[TaskSpec | None]) -> list[Observation | None]:
-        """Start an episode of ``tasks[i]`` in slot ``i`` (None leaves the slot idle, its episode dropped)."""
-        self._check_open()
-        if len(tasks) > self.num_envs:
-            raise ValueError(f"reset_batch: got {len(tasks)} tasks for {self.num_envs} slots")
-        tasks = list(tasks) + [None] * (self.num_envs - len(tasks))
-        out: list[Observation | None] = [None] * self.num_envs
-        errors: list[str] = []
-        todo = [i for i, t in enumerate(tasks) if t is not None]
-        for i in range(self.num_envs):
-            if tasks[i] is None:
-                self._slots[i].active = False
-        for attempt in range(self.reset_retries + 1):
-            for i in todo:
-                if not self._slots[i].healthy:
-                    self._restart(i)
-            sent: dict[int, _Slot] = {}
-            failed: dict[int, str] = {}
-            for i in todo:
-                if not self._slots[i].healthy:
-                    failed[i] = "worker could not be restarted"
-                    continue
-                err = self._send(i, ("reset", tasks[i]))
-                if err:
-                    failed[i] = err
-                else:
-                    sent[i] = self._slots[i]
-            for i, (ok, payload) in self._collect(sent, self.reset_timeout_s).items():
-                if ok:
-                    out[i] = payload
-                    self._slots[i].task, self._slots[i].active = tasks[i], True
-                else:
-                    failed[i] = payload
-            for i, reason in failed.items():
-                self._fail(i, f"reset of {tasks[i].task_id!r}: {reason}")
-            todo = sorted(failed)
-            if not todo:
-                break
-            if attempt == self.reset_retries:
-                errors = [f"slot {i} ({tasks[i].task_id}): {failed[i]}" for i in todo]
-        if errors:
-            raise EnvPoolError("reset failed after restart: " + "; ".join(errors))
-        return out
-
-    def step_batch(self, actions: Sequence[str | None]) -> list[StepResult | None]:
-        """Step every slot whose action is not None; returns a result per slot (None where skipped)."""
-        self._check_open()
-        if len(actions) != self.num_envs:
-            raise ValueError(f"step_batch: expected {self.num_envs} actions (None to skip a slot); got {len(actions)}")
-        for i, a in enumerate(actions):
-            if a is None:
-                continue
-            if not isinstance(a, str):
-                raise TypeError(f"step_batch: action for slot {i} must be a str or None; got {type(a).__name__}")
-            if not self._slots[i].active:
-                raise EpisodeError(f"step_batch: slot {i} has no running episode (never reset, or it ended); "
-                                   "reset it or pass None")
-        out: list[StepResult | None] = [None] * self.num_envs
-        sent: dict[int, _Slot] = {}
-        failed: dict[int, str] = {}
-        for i, a in enumerate(actions):
-            if a is None:
-                continue
-            err = self._send(i, ("step", a))
-            if err:
-                failed[i] = err
-            else:
-                sent[i] = self._slots[i]
-        for i, (ok, payload) in self._collect(sent, self.step_timeout_s).items():
-            if ok:
-                out[i] = payload
-                if payload.terminated or payload.truncated:
-                    self._slots[i].active = False
-            else:
-                failed[i] = payload
-        for i, reason in failed.items():
-            task = self._slots[i].task
-            self._fail(i, reason)
-            out[i] = self.failure_result(task, reason)
-        return out
-
-    @staticmethod
-    def failure_result(task: TaskSpec | None, reason: str) -> StepResult:
-        """The result reported for an episode lost to a worker failure."""
-        obs = Observation(text=f"[environment failure: {reason}]", admissible_actions=None, anchor="", task=task)
-        return StepResult(obs, 0.0, terminated=False, truncated=True,
-                          info={"won": False, "valid_action": False, "failure": reason})
-
+    # ---- beyond the batch API ------------------------------------------------------------------
     def call(self, slot: int, method: str, *args: Any) -> Any:
         """Call ``env.<method>(*args)`` in a slot's worker (e.g. ``expert_action``); errors raise EnvPoolError."""
         self._check_open()
@@ -332,15 +423,12 @@ class EnvPool:
         if err:
             self._fail(slot, err)
             raise EnvPoolError(f"slot {slot}: {err}")
-        ok, payload = self._collect({slot: s}, self.reset_timeout_s)[slot]
+        ok, payload = self._wait({slot: s}, self.reset_timeout_s)[slot]
         if not ok:
             if not payload.startswith("env error"):
                 self._fail(slot, payload)
             raise EnvPoolError(f"slot {slot}: {method}: {payload}")
         return payload
-
-    def tasks(self, split: str) -> list[TaskSpec]:
-        return self.call(0, "tasks", split)
 
     def expert_actions(self) -> list[str | None]:
         """Each running slot's expert action (None for idle slots, envs without an expert, or on failure)."""
@@ -353,19 +441,9 @@ class EnvPool:
                     out[i] = None
         return out
 
-    def parse_action(self, generated_text: str) -> ParsedAction:
-        """The env's pure ``parse_action``, run in this process (one local env, built on first use)."""
-        if self._parse_env is None:
-            self._parse_env = self.env_fn()
-        return self._parse_env.parse_action(generated_text)
-
     def worker_pid(self, slot: int) -> int | None:
         p = self._slots[slot].proc
         return p.pid if p is not None else None
-
-    @property
-    def active(self) -> list[bool]:
-        return [s.active for s in self._slots]
 
     def close(self) -> None:
         if self._closed:
@@ -383,18 +461,6 @@ class EnvPool:
             self._kill(i)
         if self._parse_env is not None:
             self._parse_env.close()
-
-    def __enter__(self) -> "EnvPool":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class FaultInjectionEnv:
@@ -443,4 +509,4 @@ class FaultInjectionEnv:
         self.inner.close()
 
 
-__all__ = ["EnvPool", "EnvPoolError", "FaultInjectionEnv"]
+__all__ = ["BatchPool", "EnvPool", "EnvPoolError", "FaultInjectionEnv", "SlotState"]

@@ -37,7 +37,7 @@ Failure handling (envs.md: "the affected episode is reported as failed, never si
   sending anything), so the loss is never silent. (``EnvPool`` ends such an episode at once instead; a caller
   that checks ``active`` sees the same thing from both.)
 - Programming mistakes raise before anything is sent: a wrong number of actions, stepping a slot that has no
-  running episode, a non-str action (:class:`EpisodeError` / TypeError / ValueError).
+  running episode, a non-str action (:class:`~interq.envs.base.EpisodeError` / TypeError / ValueError).
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ import functools
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._optional import MissingDependency
-from .base import Env, EpisodeError, Observation, ParsedAction, StepResult, TaskSpec
-from .pool import EnvPool, EnvPoolError
+from .base import Env, Observation, StepResult, TaskSpec
+from .pool import BatchPool, EnvPoolError, SlotState
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 INSTALL_HINT = "pip install 'interq[ray]'   (or: scripts/setup.sh ray)"
@@ -96,14 +96,11 @@ def _actor_class():
     return ray.remote(max_restarts=0, max_task_retries=0)(_EnvWorker)
 
 
-class _Slot:
+class _Slot(SlotState):
     def __init__(self) -> None:
+        super().__init__()
         self.actor: Any = None
         self.pid: int | None = None
-        self.task: TaskSpec | None = None
-        self.active = False        # an episode is running (reset done, not ended)
-        self.healthy = False       # the actor is up and answering
-        self.lost: str | None = None  # the running episode's actor was lost outside step_batch (reported there)
 
 
 def _describe(ray, err: BaseException) -> str:
@@ -119,8 +116,9 @@ def _describe(ray, err: BaseException) -> str:
     return f"worker died: {type(err).__name__}: {' '.join(why) if why else (lines[0] if lines else '')}".rstrip(": ")
 
 
-class RayEnvPool:
-    """A batch of environments in Ray actors (see the module docstring); ``EnvPool``'s interface.
+class RayEnvPool(BatchPool):
+    """A batch of environments in Ray actors (see the module docstring); ``EnvPool``'s interface and batch API
+    (:class:`~interq.envs.pool.BatchPool`), with Ray carrying the messages.
 
     Args:
         env_fn: zero-argument callable returning an Env, serializable by Ray (e.g.
@@ -133,6 +131,8 @@ class RayEnvPool:
         actor_options: passed to every actor's ``.options()`` (``num_cpus``, ``resources``, ``runtime_env``, ...).
         ray_init: ``ray.init`` keyword arguments, used only when this process is not yet connected to Ray.
     """
+
+    _unit = "actors"
 
     def __init__(self, env_fn: Callable[[], Env], num_envs: int, step_timeout_s: float = 60.0,
                  reset_timeout_s: float | None = None, start_timeout_s: float = 120.0, reset_retries: int = 1,
@@ -156,25 +156,9 @@ class RayEnvPool:
         self._ray = ray = import_ray()
         if not ray.is_initialized():
             ray.init(**dict(ray_init or {}))
-        self.env_fn = env_fn
-        self.num_envs = num_envs
-        self.step_timeout_s = float(step_timeout_s)
-        self.reset_timeout_s = float(reset_timeout_s if reset_timeout_s is not None else max(step_timeout_s, 60.0))
-        self.start_timeout_s = float(start_timeout_s)
-        self.reset_retries = reset_retries
         self.actor_options = dict(actor_options or {})
         self._cls = _actor_class().options(**self.actor_options) if self.actor_options else _actor_class()
-        self._slots = [_Slot() for _ in range(num_envs)]
-        self.restarts = [0] * num_envs
-        self.failures: list[tuple[int, str]] = []   # (slot, reason), in order
-        self._parse_env: Env | None = None
-        self._closed = False
-        self._start(list(range(num_envs)))
-        bad = [i for i in range(num_envs) if not self._slots[i].healthy]
-        if bad:
-            reasons = [r for s, r in self.failures if s in bad]
-            self.close()
-            raise EnvPoolError(f"actors {bad} failed to start: {reasons[:1]}")
+        self._setup(env_fn, num_envs, step_timeout_s, reset_timeout_s, start_timeout_s, reset_retries, _Slot)
 
     @classmethod
     def from_name(cls, name: str, num_envs: int, step_timeout_s: float = 60.0,
@@ -194,7 +178,7 @@ class RayEnvPool:
             s.healthy = s.active = False
             s.lost = None
             refs[i] = s.actor.ready.remote()
-        for i, (ok, payload) in self._gather(refs, self.start_timeout_s).items():
+        for i, (ok, payload) in self._wait(refs, self.start_timeout_s).items():
             if ok:
                 self._slots[i].healthy, self._slots[i].pid = True, payload
             else:
@@ -209,16 +193,7 @@ class RayEnvPool:
                 pass
         s.actor, s.pid, s.healthy, s.active, s.lost = None, None, False, False, None
 
-    def _fail(self, i: int, reason: str) -> None:
-        self.failures.append((i, reason))
-        self._kill(i)
-
-    def _restart(self, i: int) -> None:
-        self._kill(i)
-        self.restarts[i] += 1
-        self._start([i])
-
-    def _gather(self, refs: dict[int, Any], timeout_s: float) -> dict[int, tuple[bool, Any]]:
+    def _wait(self, refs: dict[int, Any], timeout_s: float) -> dict[int, tuple[bool, Any]]:
         """Wait for every ref at most ``timeout_s``. Returns {slot: (ok, result or failure reason)}."""
         ray = self._ray
         out: dict[int, tuple[bool, Any]] = {}
@@ -240,90 +215,14 @@ class RayEnvPool:
             out[by_ref[ref]] = (False, f"worker timed out: no answer within {timeout_s:g} s")
         return out
 
-    # ---- the batch API -------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("RayEnvPool is closed")
+    def _submit(self, i: int, cmd: str, arg: Any) -> tuple[Any, str | None]:
+        return getattr(self._slots[i].actor, cmd).remote(arg), None
 
-    def reset_batch(self, tasks: Sequence[TaskSpec | None]) -> list[Observation | None]:
-        """Start an episode of ``tasks[i]`` in slot ``i`` (None leaves the slot idle, its episode dropped)."""
-        self._check_open()
-        if len(tasks) > self.num_envs:
-            raise ValueError(f"reset_batch: got {len(tasks)} tasks for {self.num_envs} slots")
-        for i, t in enumerate(tasks):
-            if t is not None and not isinstance(t, TaskSpec):
-                raise TypeError(f"reset_batch: task for slot {i} must be a TaskSpec or None; got {type(t).__name__}")
-        tasks = list(tasks) + [None] * (self.num_envs - len(tasks))
-        out: list[Observation | None] = [None] * self.num_envs
-        for i in range(self.num_envs):
-            self._slots[i].active, self._slots[i].lost = False, None
-        errors: list[str] = []
-        todo = [i for i, t in enumerate(tasks) if t is not None]
-        for attempt in range(self.reset_retries + 1):
-            for i in todo:
-                if not self._slots[i].healthy:
-                    self._restart(i)
-            failed: dict[int, str] = {i: "worker could not be restarted" for i in todo if not self._slots[i].healthy}
-            refs = {i: self._slots[i].actor.reset.remote(tasks[i]) for i in todo if i not in failed}
-            for i, (ok, payload) in self._gather(refs, self.reset_timeout_s).items():
-                if ok:
-                    out[i] = payload
-                    self._slots[i].task, self._slots[i].active = tasks[i], True
-                else:
-                    failed[i] = payload
-            for i, reason in failed.items():
-                self._fail(i, f"reset of {tasks[i].task_id!r}: {reason}")
-            todo = sorted(failed)
-            if not todo:
-                break
-            if attempt == self.reset_retries:
-                errors = [f"slot {i} ({tasks[i].task_id}): {failed[i]}" for i in todo]
-        if errors:
-            raise EnvPoolError("reset failed after restart: " + "; ".join(errors))
-        return out
+    def _check_task(self, i: int, task: Any) -> None:
+        if not isinstance(task, TaskSpec):
+            raise TypeError(f"reset_batch: task for slot {i} must be a TaskSpec or None; got {type(task).__name__}")
 
-    def step_batch(self, actions: Sequence[str | None]) -> list[StepResult | None]:
-        """Step every slot whose action is not None; returns a result per slot (None where skipped)."""
-        self._check_open()
-        if len(actions) != self.num_envs:
-            raise ValueError(f"step_batch: expected {self.num_envs} actions (None to skip a slot); got {len(actions)}")
-        for i, a in enumerate(actions):
-            if a is None:
-                continue
-            if not isinstance(a, str):
-                raise TypeError(f"step_batch: action for slot {i} must be a str or None; got {type(a).__name__}")
-            if not self._slots[i].active:
-                raise EpisodeError(f"step_batch: slot {i} has no running episode (never reset, or it ended); "
-                                   "reset it or pass None")
-        out: list[StepResult | None] = [None] * self.num_envs
-        failed: dict[int, str] = {}
-        refs = {}
-        for i, a in enumerate(actions):
-            if a is None:
-                continue
-            s = self._slots[i]
-            if s.lost is not None:   # the actor was lost in expert_actions / call: this is where it is reported
-                failed[i] = s.lost
-            else:
-                refs[i] = s.actor.step.remote(a)
-        for i, (ok, payload) in self._gather(refs, self.step_timeout_s).items():
-            if ok:
-                out[i] = payload
-                if payload.terminated or payload.truncated:
-                    self._slots[i].active = False
-            else:
-                failed[i] = payload
-        for i, reason in failed.items():
-            task = self._slots[i].task
-            if self._slots[i].lost is None:
-                self._fail(i, reason)
-            else:
-                self._kill(i)   # already recorded in failures when it was lost
-            out[i] = self.failure_result(task, reason)
-        return out
-
-    failure_result = staticmethod(EnvPool.failure_result)
-
+    # ---- beyond the batch API ------------------------------------------------------------------
     def _lose(self, i: int, reason: str) -> None:
         """The actor of slot ``i`` died or hung outside step_batch: kill it, keep the episode open to report it."""
         s = self._slots[i]
@@ -364,7 +263,7 @@ class RayEnvPool:
                     out[i] = None
                     continue
             refs[i] = s.actor.call.remote(method, tuple(args))
-        for i, (ok, payload) in self._gather(refs, self.reset_timeout_s).items():
+        for i, (ok, payload) in self._wait(refs, self.reset_timeout_s).items():
             if ok:
                 out[i] = payload
                 continue
@@ -375,9 +274,6 @@ class RayEnvPool:
             out[i] = None
         return out
 
-    def tasks(self, split: str) -> list[TaskSpec]:
-        return self.call(0, "tasks", split)
-
     def expert_actions(self) -> list[str | None]:
         """Each running slot's expert action, asked of all actors at once (None for idle slots, envs without an
         expert, or on failure)."""
@@ -385,12 +281,6 @@ class RayEnvPool:
         calls = {i: ("expert_action", ()) for i, s in enumerate(self._slots) if s.active and s.lost is None}
         got = self._call_many(calls, raise_errors=False)
         return [got.get(i) for i in range(self.num_envs)]
-
-    def parse_action(self, generated_text: str) -> ParsedAction:
-        """The env's pure ``parse_action``, run in this process (one local env, built on first use)."""
-        if self._parse_env is None:
-            self._parse_env = self.env_fn()
-        return self._parse_env.parse_action(generated_text)
 
     def actor(self, slot: int) -> Any:
         """The Ray actor handle of a slot (None while it has none)."""
@@ -400,33 +290,17 @@ class RayEnvPool:
         """The process id of a slot's actor (on its node)."""
         return self._slots[slot].pid
 
-    @property
-    def active(self) -> list[bool]:
-        return [s.active for s in self._slots]
-
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         live = {i: s.actor.close.remote() for i, s in enumerate(self._slots) if s.healthy and s.actor is not None}
         if live:
-            self._gather(live, 5.0)
+            self._wait(live, 5.0)
         for i in range(self.num_envs):
             self._kill(i)
         if self._parse_env is not None:
             self._parse_env.close()
-
-    def __enter__(self) -> "RayEnvPool":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 __all__ = ["RayEnvPool", "import_ray", "INSTALL_HINT"]
