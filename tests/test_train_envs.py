@@ -22,6 +22,7 @@ from interq.cli import main
 from interq.envs import make_env
 from interq.envs.pool import EnvPool, FaultInjectionEnv
 from interq.train.config import build_config
+from train_helpers import rollout_episodes, warm_start
 
 SIZES = {"train": 24, "valid_seen": 4, "valid_unseen": 8}
 HOUSEHOLD = ["env.name=household", f"env.env_kwargs={{split_sizes: {json.dumps(SIZES)}}}", "env.num_train_tasks=24",
@@ -33,29 +34,16 @@ HOUSEHOLD = ["env.name=household", f"env.env_kwargs={{split_sizes: {json.dumps(S
 
 @pytest.fixture(scope="module")
 def household_policy(tmp_path_factory):
-    from interq.train.pipeline import prepare_policy
-
-    path, _ = prepare_policy(build_config("household", HOUSEHOLD), tmp_path_factory.mktemp("policy") / "p",
-                             log=lambda *_: None)
-    return path
+    return warm_start(tmp_path_factory, "household", HOUSEHOLD)
 
 
 def _episodes(policy_dir, cfg, envs, n_tasks=3):
-    from interq.rollout import RolloutEngine
-    from interq.train import rl
-    from interq.train.build import build_executor, chat_format, env_factory, split_tasks
-    from interq.train.policy import load_policy
+    """Two episodes of each of the first ``n_tasks`` train tasks, fixed seeds."""
+    def pick(train_tasks):
+        tasks = [t for t in train_tasks[:n_tasks] for _ in range(2)]
+        return tasks, [101 + i for i in range(len(tasks))], [i // 2 for i in range(len(tasks))]
 
-    model, tok = load_policy(policy_dir)
-    fmt = chat_format(tok)
-    ex = build_executor(model, cfg.rollout)
-    make = env_factory(cfg.env)
-    train_tasks, _ = split_tasks(make, cfg.env)
-    engine = RolloutEngine(ex.module, cache_factory=ex.cache_factory, pad_token_id=fmt.pad_token_id)
-    tasks = [t for t in train_tasks[:n_tasks] for _ in range(2)]
-    seeds = [101 + i for i in range(len(tasks))]
-    groups = [i // 2 for i in range(len(tasks))]
-    return rl.rollout(engine, fmt, make, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg, envs)
+    return rollout_episodes(policy_dir, cfg, pick, envs)[3]
 
 
 def _same(a, b, exact=True):
@@ -140,13 +128,20 @@ def test_failed_episodes_are_left_out_of_the_batch(household_policy):
 
 
 def test_in_process_run_logs_env_metrics(tmp_path):
-    """The default (env.num_workers=0) logs env/failed_episodes = 0 and the environment time."""
+    """The default (env.num_workers=0) logs env/failed_episodes = 0 and the environment time; env_info.json records
+    what the environment played."""
     out = tmp_path / "run"
     args = [*HOUSEHOLD, "warm_start.steps=2", "warm_start.num_demos=8", "train.steps=1", "train.eval_every_steps=0",
             "train.checkpoint_every_steps=0"]
     assert main(["train", "--preset", "household", "--out", str(out), *args]) == 0
     rec = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
     assert rec["env/failed_episodes"] == 0 and rec["env/worker_restarts"] == 0 and rec["time/env"] > 0
+    # what the environment played is kept with the run and its warm start (HouseholdEnv.info)
+    info = json.loads((out / "env_info.json").read_text())
+    assert info["env"] == "household" and info["source"] == "generated" and info["version"].startswith("interq ")
+    assert info["split_sizes"] == SIZES and info["size"] == "full" and info["shuffle_actions"] is False
+    assert all(sum(info["task_types"][s].values()) == n for s, n in SIZES.items())
+    assert json.loads((out / "warm_start" / "policy_summary.json").read_text())["env"] == info
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -242,7 +237,8 @@ def tiny_checkpoint(tmp_path_factory):
                                       "synthshop"])
 def test_interq_train_end_to_end_on_each_benchmark(tmp_path, env_name, capsys, tiny_checkpoint):
     """Warm start from the env's expert / gold paths, one RL step, held-out evaluation on the unseen split, through
-    the worker pool for the slow engines; ALFWorld's run records where its games came from."""
+    the worker pool for the slow engines; the run records what the environment played (env_info.json: ALFWorld's
+    game source, the others' engine, version, splits and task types)."""
     if env_name == "alfworld":
         pytest.importorskip("alfworld", reason="could not import 'alfworld' (extra interq[alfworld])")
         pytest.importorskip("textworld", reason="could not import 'textworld' (extra interq[alfworld])")
@@ -267,9 +263,14 @@ def test_interq_train_end_to_end_on_each_benchmark(tmp_path, env_name, capsys, t
     assert f"name: q-interq-{env_name}" in stored and "correction: interq" in stored
     summary = json.loads((out / "warm_start" / "policy_summary.json").read_text())
     assert summary["demos"] == 2 and summary["demo_success"] > 0  # expert / gold path demos that win
+    info = json.loads((out / "env_info.json").read_text())  # what the environment played, kept with the run
+    assert info["env"] == env_name and summary["env"] == info
     if env_name == "alfworld":
-        info = json.loads((out / "env_info.json").read_text())
         assert info["source"] in ("generated", "official") and info["source_reason"]
+    else:  # engine and version, where the tasks come from, split sizes and task types
+        assert info["engine"] and info["version"] and info["source"]
+        held_out = {"scienceworld": "test", "synthshop": "valid_unseen"}[env_name]
+        assert set(info["split_sizes"]) == set(info["task_types"]) and info["split_sizes"][held_out] == 2
     assert "held-out success" in capsys.readouterr().out
     print(f"{env_name}: {seconds:.1f} s")
 

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from train_helpers import without_timings
 
 STEPS = 40
 TOY = ["env.name=toy", "env.max_turns=3", "env.num_train_tasks=8", "env.num_eval_tasks=2", "env.env_kwargs={length: 2}",
@@ -57,10 +58,6 @@ def _argv(out: Path) -> list[str]:
 
 def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def _deterministic(rec: dict) -> dict:
-    return {k: v for k, v in rec.items() if not k.startswith("time/") and k != "sync/seconds"}
 
 
 def _records(text: str) -> list[dict]:
@@ -189,9 +186,9 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
 
     full = _records((full_dir / "metrics.jsonl").read_text())
     assert [r["step"] for r in full] == list(range(STEPS + 1))
-    want = [_deterministic(r) for r in full]
+    want = [without_timings(r) for r in full]
     for i, text in snapshots + [(len(results) - 1, metrics.read_text())]:
-        got = [_deterministic(r) for r in _records(text)]
+        got = [without_timings(r) for r in _records(text)]
         assert [r["step"] for r in got] == list(range(len(got))), \
             f"after attempt #{i}: steps lost or duplicated: {[r['step'] for r in got]}\n{table}"
         for g in got:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from interq.train.config import build_config
-from interq.train.pipeline import prepare_policy, run_training
+from interq.train.pipeline import run_training
+from train_helpers import rollout_episodes, warm_start, without_timings
 
 TOY = ["env.name=toy", "env.max_turns=4", "env.num_train_tasks=16", "env.num_eval_tasks=4", "env.env_kwargs={length: 2}",
        "model.vocab_size=300", "model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2",
@@ -17,25 +18,14 @@ TOY = ["env.name=toy", "env.max_turns=4", "env.num_train_tasks=16", "env.num_eva
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
-    path, _ = prepare_policy(build_config("bf16", TOY), tmp_path_factory.mktemp("policy") / "p", log=lambda *_: None)
-    return path
+    return warm_start(tmp_path_factory, "bf16", TOY)
 
 
 def _setup(arm, policy_dir, extra=()):
-    from interq.rollout import RolloutEngine
     from interq.train import rl
-    from interq.train.build import build_executor, chat_format, env_factory, split_tasks
-    from interq.train.policy import load_policy
 
     cfg = build_config(arm, TOY + list(extra))
-    model, tok = load_policy(policy_dir)
-    fmt = chat_format(tok)
-    ex = build_executor(model, cfg.rollout)
-    make_env = env_factory(cfg.env)
-    train_tasks, _ = split_tasks(make_env, cfg.env)
-    engine = RolloutEngine(ex.module, cache_factory=ex.cache_factory, pad_token_id=fmt.pad_token_id)
-    tasks, seeds, groups = rl.step_tasks(train_tasks, cfg, 1)
-    eps = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg)
+    model, ex, fmt, eps = rollout_episodes(policy_dir, cfg, lambda train_tasks: rl.step_tasks(train_tasks, cfg, 1))
     batch = rl.build_batch(eps, cfg.algo, fmt.pad_token_id)
     # fixed non-zero advantages: a barely trained policy often fails every episode of a group (all A = 0)
     gen = torch.Generator().manual_seed(0)
@@ -100,10 +90,6 @@ def test_every_correction_method_runs_in_the_loop(policy_dir, method):
         assert key in rec, key
 
 
-def _strip(recs):
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "sync/seconds"} for r in recs]
-
-
 def test_resumed_run_matches_uninterrupted(policy_dir, tmp_path):
     common = ["train.checkpoint_every_steps=2", "train.eval_every_steps=2"]
     full = run_training(build_config("q-interq", TOY + common + ["train.steps=4"]), tmp_path / "a", policy_dir)
@@ -111,7 +97,7 @@ def test_resumed_run_matches_uninterrupted(policy_dir, tmp_path):
     # the "crash": steps 3-4 never ran; a restart with the full config resumes from step 2
     resumed = run_training(build_config("q-interq", TOY + common + ["train.steps=4"]), tmp_path / "b", policy_dir)
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
-    assert _strip(resumed) == _strip(full)
+    assert [without_timings(r) for r in resumed] == [without_timings(r) for r in full]
     saved = json.loads((tmp_path / "b" / "checkpoints" / "step_000004" / "state.json").read_text())
     assert saved["step"] == 4
 
