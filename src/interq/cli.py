@@ -1,9 +1,11 @@
 """The ``interq`` command line.  ``interq --help`` lists the sub-commands; ``interq <command> --help`` its options.
 
-Configuration: ``--preset NAME`` (one of the YAML presets: the five arms ``bf16``, ``q-naive``, ``q-tis``,
-``q-align``, ``q-interq``, or ``household``) then any number of ``key.sub=value`` overrides, e.g.
-``interq train --preset q-interq train.steps=50 algo.budget=0.25``. ``interq train --help-config`` lists every
-field with its default. Invalid values are rejected before any work starts.
+Configuration: ``--preset NAME`` (one of the YAML presets in ``src/interq/presets``: the five arms ``bf16``,
+``q-naive``, ``q-tis``, ``q-align``, ``q-interq``, or an environment's: ``household``, ``alfworld``, ``scienceworld``,
+``synthshop``; an arm with ``env.name=<env>`` builds on that environment's preset) then any number of
+``key.sub=value`` overrides, e.g. ``interq train --preset q-interq train.steps=50 algo.budget=0.25``.
+``interq train --help-config`` lists every field with its default. Invalid values are rejected before any work
+starts.
 """
 
 from __future__ import annotations
