@@ -98,10 +98,12 @@ class Harness:
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
-        self.proc = subprocess.Popen([sys.executable, str(HARNESS)], env=_env(), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.stderr = workdir / "harness.stderr"
+        with open(self.stderr, "w") as err:  # a file, not a pipe nobody reads while the jobs run
+            self.proc = subprocess.Popen([sys.executable, str(HARNESS)], env=_env(), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
         line = self.proc.stdout.readline()
-        assert line and "ready" in json.loads(line), self.proc.stderr.read()[-2000:]
+        assert line and "ready" in json.loads(line), self.stderr.read_text()[-2000:]
         self.n = 0
 
     def run(self, run_dir: Path, plan: dict) -> dict:
@@ -111,7 +113,7 @@ class Harness:
                "timeout_s": 300}
         self.proc.stdin.write(json.dumps(job) + "\n")
         line = self.proc.stdout.readline()
-        assert line, f"the harness died: {self.proc.stderr.read()[-2000:]}"
+        assert line, f"the harness died: {self.stderr.read_text()[-2000:]}"
         res = json.loads(line)
         res["log"] = log.read_text()[-3000:] if log.exists() else ""
         res["plan"] = plan
@@ -136,8 +138,9 @@ def _row(i: int, res: dict) -> str:
 @pytest.mark.slow  # about 45 s on a busy 2-core machine; `make test` runs it
 def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_path):
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
-    reference = subprocess.Popen([sys.executable, "-m", "interq", *_argv(full_dir)], env=_env(),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with open(tmp_path / "reference.log", "w") as log:  # the uninterrupted run, meanwhile
+        reference = subprocess.Popen([sys.executable, "-m", "interq", *_argv(full_dir)], env=_env(), stdout=log,
+                                     stderr=subprocess.STDOUT)
     harness = Harness(tmp_path)
     rng = random.Random(SEED)
     warm, kinds = plans(rng)
@@ -177,11 +180,11 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     finally:
         harness.close()
         try:
-            _, err = reference.communicate(timeout=600)
+            reference.wait(timeout=600)
         except subprocess.TimeoutExpired:
             reference.kill()
             raise
-    assert reference.returncode == 0, err[-2000:]
+    assert reference.returncode == 0, (tmp_path / "reference.log").read_text()[-2000:]
     print("\n" + table)
 
     full = _records((full_dir / "metrics.jsonl").read_text())
