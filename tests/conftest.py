@@ -6,6 +6,10 @@ import torch
 
 torch.set_num_threads(int(os.environ.get("INTERQ_TEST_THREADS", "2")))
 
+# helper modules holding checks that several test files run (tests/pool_checks.py, tests/train_helpers.py): their
+# asserts report the compared values as a test's do
+pytest.register_assert_rewrite("pool_checks", "train_helpers")
+
 
 @pytest.fixture(autouse=True)
 def _seed():
