@@ -8,7 +8,7 @@ from torch import nn
 from interq.quant import QuantConfig, aligned, make_executor, make_kv_cache, quantized_targets
 from interq.quant import primitives as P
 from interq.quant.aligned import aligned_linear_forward
-from interq.quant.linear import QuantExperts, QuantLinear
+from interq.quant.linear import FusedQuantSlice, QuantExperts, QuantLinear
 from interq.quant.testing import tiny_causal_lm
 
 
@@ -32,7 +32,8 @@ def test_aligned_learner_matches_executor_prefill_up_to_int8_boundaries(kind, re
     ids = torch.randint(0, 128, (4, 32))
     lin_l, exp_l = quantized_targets(learner, qcfg)
     seen_l, hooks_l = _record_inputs({**lin_l, **exp_l})
-    seen_e, hooks_e = _record_inputs({n: m for n, m in exe.named_modules() if isinstance(m, (QuantLinear, QuantExperts))})
+    seen_e, hooks_e = _record_inputs({n: m for n, m in exe.named_modules()
+                                      if isinstance(m, (QuantLinear, FusedQuantSlice, QuantExperts))})
     with torch.no_grad():
         out_e = exe(input_ids=ids).logits  # [4, 32, V]
         with aligned(learner, qcfg):

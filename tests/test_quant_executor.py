@@ -7,7 +7,7 @@ from torch import nn
 
 from interq.quant import (QuantConfig, QuantExperts, QuantLinear, fp8_linear, int_mm_padded, make_executor,
                           sync_weights)
-from interq.quant.linear import int_mm_fp32_exact, resolve_int8_backend
+from interq.quant.linear import FusedQuantLinear, FusedQuantSlice, int_mm_fp32_exact, resolve_int8_backend
 from interq.quant import primitives as P
 from interq.quant.testing import tiny_causal_lm
 
@@ -112,18 +112,21 @@ def test_executor_module_policy_and_learner_untouched(kind):
     assert exe is not learner
     # learner: unchanged weights, still plain nn.Linear
     assert all(torch.equal(before[k], v) for k, v in learner.state_dict().items())
-    assert not any(isinstance(m, (QuantLinear, QuantExperts)) for m in learner.modules())
+    assert not any(isinstance(m, (QuantLinear, FusedQuantLinear, FusedQuantSlice, QuantExperts)) for m in learner.modules())
     names = dict(exe.named_modules())
     for i in range(learner.config.num_hidden_layers):
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            assert isinstance(names[f"model.layers.{i}.self_attn.{proj}"], QuantLinear)
+        for proj in ("q_proj", "k_proj", "v_proj"):  # one fused int8 GEMM, members left under their names
+            assert isinstance(names[f"model.layers.{i}.self_attn.{proj}"], FusedQuantSlice)
+        assert isinstance(names[f"model.layers.{i}.self_attn.qkv_proj"], FusedQuantLinear)
+        assert isinstance(names[f"model.layers.{i}.self_attn.o_proj"], QuantLinear)
         if kind == "qwen3_moe":
             assert isinstance(names[f"model.layers.{i}.mlp.experts"], QuantExperts)
             router = names[f"model.layers.{i}.mlp.gate"]
             assert torch.equal(router.weight, learner.get_submodule(f"model.layers.{i}.mlp.gate").weight)
         else:
-            for proj in ("gate_proj", "up_proj", "down_proj"):
-                assert isinstance(names[f"model.layers.{i}.mlp.{proj}"], QuantLinear)
+            for proj in ("gate_proj", "up_proj"):
+                assert isinstance(names[f"model.layers.{i}.mlp.{proj}"], FusedQuantSlice)
+            assert isinstance(names[f"model.layers.{i}.mlp.down_proj"], QuantLinear)
     # everything left as a parameter is high precision and bit-identical to the learner's
     kept = dict(exe.named_parameters())
     assert kept, "embeddings / norms / lm_head should remain parameters"
@@ -138,7 +141,13 @@ def test_executor_exclude_keeps_named_linears_in_high_precision():
     learner = tiny_causal_lm("llama")
     exe = make_executor(learner, QuantConfig(exclude=("o_proj",)))
     assert isinstance(exe.model.layers[0].self_attn.o_proj, nn.Linear)
-    assert isinstance(exe.model.layers[0].self_attn.q_proj, QuantLinear)
+    assert isinstance(exe.model.layers[0].self_attn.q_proj, FusedQuantSlice)
+    # excluding one member of a fused group leaves the others as separate quantized linears
+    exe = make_executor(learner, QuantConfig(exclude=("k_proj",)))
+    attn = exe.model.layers[0].self_attn
+    assert isinstance(attn.k_proj, nn.Linear) and not isinstance(attn.k_proj, (QuantLinear, FusedQuantSlice))
+    assert isinstance(attn.q_proj, QuantLinear) and isinstance(attn.v_proj, QuantLinear)
+    assert not hasattr(attn, "qkv_proj")
 
 
 def test_fp8_tensor_scale_shared_over_fused_qkv_and_gate_up():

@@ -7,7 +7,7 @@ Follows ``shared/design/quant-spec.md``. Usage::
 
     qcfg = QuantConfig()                                  # W8A8 int8 per-channel sym127, int8 per-token-head KV
     # QuantConfig(w_bits=4, a_bits=4, kv_bits=4): narrower integer codes, same kernels (W4A4-KV4)
-    executor = make_executor(learner, qcfg)               # a new module; learner untouched
+    executor = make_executor(learner, qcfg)               # a new module; learner untouched (q|k|v, gate|up fused)
     cache = make_kv_cache(qcfg, executor.config)          # quantizes each token's K/V once, when written
     out = executor(input_ids=prompt, cache=cache, use_cache=True)          # prefill   [B, L, V]
     out = executor(input_ids=next_tok, cache=out.cache, use_cache=True)    # one decode step
@@ -25,7 +25,8 @@ from interq.quant.aligned import aligned
 from interq.quant.config import BF16_EXECUTOR, QuantConfig
 from interq.quant.executor import make_executor, quantized_targets, sync_weights
 from interq.quant.kv_cache import QuantKVCache, QuantKVLayer, kv_bytes_per_token, make_kv_cache
-from interq.quant.linear import QuantExperts, QuantLinear, fp8_linear, int8_linear, int_mm_padded
+from interq.quant.linear import (FusedQuantLinear, FusedQuantSlice, QuantExperts, QuantLinear, fp8_linear,
+                                 int8_linear, int_mm_padded)
 from interq.quant.primitives import (
     E4M3_MAX,
     dequant_kv,
@@ -49,7 +50,7 @@ from interq.quant.primitives import (
 )
 
 __all__ = [
-    "BF16_EXECUTOR", "E4M3_MAX", "QuantConfig", "QuantExperts", "QuantKVCache", "QuantKVLayer", "QuantLinear",
+    "BF16_EXECUTOR", "E4M3_MAX", "FusedQuantLinear", "FusedQuantSlice", "QuantConfig", "QuantExperts", "QuantKVCache", "QuantKVLayer", "QuantLinear",
     "aligned", "dequant_kv", "dequant_weight", "fake_quant_activation", "fake_quant_kv", "fake_quant_weight",
     "fp8_cast", "fp8_linear", "fq_activation_ste", "fq_kv_ste", "fq_weight_ste", "int8_linear", "int_mm_padded",
     "kv_bytes_per_token", "make_executor", "make_kv_cache", "quant_act_fp8_group", "quant_act_fp8_token",

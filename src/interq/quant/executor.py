@@ -23,7 +23,8 @@ from torch import nn
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig
 from interq.quant.kv_cache import make_kv_cache
-from interq.quant.linear import QuantExperts, QuantLinear, is_fused_experts
+from interq.quant.linear import (FusedQuantLinear, FusedQuantSlice, QuantExperts, QuantLinear, can_fuse,
+                                 is_fused_experts)
 
 _DECODER = re.compile(r"(^|\.)layers\.\d+\.")
 # Fused modules of vLLM (QKVParallelLinear, MergedColumnParallelLinear): one per-tensor scale over the group.
@@ -65,6 +66,28 @@ def group_amaxes(linears: dict[str, nn.Linear], qcfg: QuantConfig) -> dict[str, 
     return {n: groups[fused_group(n)] for n in linears}
 
 
+def fusable_groups(linears: dict[str, nn.Linear], qcfg: QuantConfig) -> dict[str, dict[str, nn.Linear]]:
+    """q|k|v and gate|up groups whose GEMMs the executor runs as one (:class:`FusedQuantLinear`), by the name the
+    group module gets (``<parent>.qkv_proj``, ``<parent>.gate_up_proj``): int8 weights, every member of the group
+    quantized (none excluded) and compatible (:func:`can_fuse`)."""
+    if qcfg.w_format != "int8":
+        return {}
+    by_group: dict[str, dict[str, nn.Linear]] = {}
+    for n, m in linears.items():
+        if n.rpartition(".")[2] in _FUSED:
+            by_group.setdefault(fused_group(n) + "_proj", {})[n] = m
+    full = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    out = {}
+    for g, members in by_group.items():
+        leaves = tuple(sorted(n.rpartition(".")[2] for n in members))
+        want = full[g.rpartition(".")[2]]
+        if leaves == tuple(sorted(want)) and can_fuse(list(members.values())):
+            parent = g.rpartition(".")[0]
+            out[g] = {f"{parent}.{leaf}" if parent else leaf: members[f"{parent}.{leaf}" if parent else leaf]
+                      for leaf in want}  # member order: q, k, v / gate, up
+    return out
+
+
 def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
     parent, _, leaf = name.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, leaf, new)
@@ -78,13 +101,19 @@ def _inject_cache_hook(module: nn.Module, args, kwargs):
     return args, kwargs
 
 
-def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backend: str = "auto") -> nn.Module:
+def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backend: str = "auto",
+                  fuse: bool = True) -> nn.Module:
     """A W8A8(-KV8) executor converted from ``model`` (a transformers causal LM); see the module docstring.
     The executor is in eval mode with no trainable parameters; ``executor.interq_qcfg`` is its config.
 
     ``int8_backend`` chooses how the exact int32 accumulator is computed, not the numerics: ``int_mm``
     (``torch._int_mm``), ``fp32_exact`` (bit-identical, an fp32 GEMM of the integer codes in K-chunks of
-    1024; fast on CPUs without VNNI), ``auto`` (``int_mm`` on CUDA or AVX512 CPUs, else ``fp32_exact``)."""
+    1024; fast on CPUs without VNNI), ``auto`` (``int_mm`` on CUDA or AVX512 CPUs, else ``fp32_exact``).
+
+    ``fuse`` (int8 weights): q|k|v and gate|up run as one GEMM each with one activation quantization
+    (:class:`FusedQuantLinear`, registered as ``<parent>.qkv_proj`` / ``<parent>.gate_up_proj``; the members stay
+    as :class:`FusedQuantSlice` under their names). Speed only: bit-identical to ``fuse=False``, one
+    ``QuantLinear`` per linear."""
     qcfg = QuantConfig() if qcfg is None else qcfg
     if not isinstance(qcfg, QuantConfig):
         raise TypeError(f"make_executor: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
@@ -97,8 +126,20 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backen
             raise ValueError(f"make_executor: no linear inside a decoder layer ('layers.<i>.') found in "
                              f"{type(model).__name__}; nothing to quantize")
         amaxes = group_amaxes(linears, qcfg)
+        groups = fusable_groups(linears, qcfg) if fuse else {}
+        fused = set()
+        for gname, members in groups.items():
+            parent, _, leaf = gname.rpartition(".")
+            if hasattr(exe.get_submodule(parent) if parent else exe, leaf):
+                continue  # the name is taken: leave these linears unfused
+            group = FusedQuantLinear(members, qcfg, {n: amaxes[n] for n in members}, int8_backend)
+            _set_module(exe, gname, group)
+            for i, n in enumerate(members):
+                _set_module(exe, n, FusedQuantSlice(group, i))
+                fused.add(n)
         for name, lin in linears.items():
-            _set_module(exe, name, QuantLinear(lin, qcfg, amaxes[name], int8_backend))
+            if name not in fused:
+                _set_module(exe, name, QuantLinear(lin, qcfg, amaxes[name], int8_backend))
         for name, ex in experts.items():
             _set_module(exe, name, QuantExperts(ex, qcfg, int8_backend))
     exe.interq_qcfg = qcfg
@@ -117,7 +158,14 @@ def sync_weights(learner: nn.Module, executor: nn.Module) -> float:
         linears, _ = quantized_targets(learner, qcfg)
         amaxes = group_amaxes(linears, qcfg)
     for name, mod in executor.named_modules():
-        if isinstance(mod, QuantLinear):
+        if isinstance(mod, FusedQuantLinear):
+            parent = name.rpartition(".")[0]
+            names = [f"{parent}.{leaf}" if parent else leaf for leaf in mod.member_names]
+            missing = [n for n in names if n not in src]
+            if missing:
+                raise KeyError(f"sync_weights: learner has no module {missing[0]!r} (was the executor built from it?)")
+            mod.requantize([src[n].weight for n in names], [src[n].bias for n in names], [amaxes[n] for n in names])
+        elif isinstance(mod, QuantLinear):
             lin = src.get(name)
             if lin is None:
                 raise KeyError(f"sync_weights: learner has no module {name!r} (was the executor built from it?)")

@@ -2,7 +2,9 @@
 
 Each token's K (after RoPE, and after ``k_norm`` where the model has one) and V are quantized exactly
 once, when ``update`` writes them (prefill and every decode step), and the whole cache is dequantized to
-the compute dtype on read. Prefill attention therefore also reads the quantized K/V of the new tokens
+the compute dtype on read (or, with ``keep_dequantized=True``, each token is dequantized once, when written, into
+a compute-dtype copy that reads return: the same values, fewer ops and bytes per decode step, more memory). K and
+V of a token are quantized by one call over both (same codes and scales as two calls). Prefill attention therefore also reads the quantized K/V of the new tokens
 (one behaviour, chosen and documented: it is what a dequantizing FlashInfer/Triton backend does once the
 tokens are in the paged cache, and what the aligned learner forward mirrors).
 
@@ -24,16 +26,25 @@ from interq.quant.config import QuantConfig
 
 class QuantKVLayer(DynamicLayer):
     """One layer: codes in ``self.keys`` / ``self.values`` ([B, H, T, D], int8 or e4m3), fp32 scales in
-    ``self.key_scales`` / ``self.value_scales`` ([B, H, T, 1], or [] for ``fp8_tensor``)."""
+    ``self.key_scales`` / ``self.value_scales`` ([B, H, T, 1], or [] for ``fp8_tensor``).
 
-    def __init__(self, qcfg: QuantConfig, **kwargs):
+    ``keep_dequantized``: also keep the dequantized K/V in the compute dtype (``self.keys_dequantized`` /
+    ``self.values_dequantized``, [B, H, T, D]), each token dequantized once, when written, and appended; a read
+    returns them instead of dequantizing the whole cache again. The same values bit for bit (dequantization is
+    element-wise); costs the memory of a bf16 cache on top of the codes (``nbytes`` counts the codes and scales
+    only, ``resident_nbytes`` everything held)."""
+
+    def __init__(self, qcfg: QuantConfig, keep_dequantized: bool = False, **kwargs):
         super().__init__(**kwargs)
         if not qcfg.quantizes_kv:
             raise ValueError("QuantKVLayer needs QuantConfig.kv_format != 'none'")
         self.qcfg = qcfg
         self.per_token = qcfg.kv_format != "fp8_tensor"
+        self.keep_dequantized = bool(keep_dequantized)
         self.key_scales: torch.Tensor | None = None
         self.value_scales: torch.Tensor | None = None
+        self.keys_dequantized: torch.Tensor | None = None
+        self.values_dequantized: torch.Tensor | None = None
         self.compute_dtype: torch.dtype | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -47,14 +58,29 @@ class QuantKVLayer(DynamicLayer):
         if self.per_token:
             self.key_scales = torch.empty(b, h, 0, 1, dtype=torch.float32, device=self.device)
             self.value_scales = torch.empty(b, hv, 0, 1, dtype=torch.float32, device=self.device)
+        if self.keep_dequantized:
+            self.keys_dequantized = torch.empty(b, h, 0, d, dtype=key_states.dtype, device=self.device)
+            self.values_dequantized = torch.empty(b, hv, 0, dv, dtype=value_states.dtype, device=self.device)
         self.is_initialized = True
+
+    @staticmethod
+    def _quantize_pair(key_states: torch.Tensor, value_states: torch.Tensor, qcfg: QuantConfig):
+        """(kq, ks, vq, vs): K and V quantized by ``quant_kv``; when they have the same shape and dtype, as one
+        tensor [B, 2H, T, D] (per-token-head and per-layer scales act row by row or element by element, so the
+        codes and scales are those of two separate calls, with half the ops)."""
+        if key_states.shape != value_states.shape or key_states.dtype != value_states.dtype:
+            return (*P.quant_kv(key_states, qcfg), *P.quant_kv(value_states, qcfg))
+        h = key_states.shape[1]
+        q, s = P.quant_kv(torch.cat([key_states, value_states], dim=1), qcfg)  # [B, 2H, T, D], [B, 2H, T, 1] | []
+        if s.dim() == 0:
+            return q[:, :h], s, q[:, h:], s
+        return q[:, :h], s[:, :h], q[:, h:], s[:, h:]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write key/value states [B, H, T_new, D] (quantized once, here); return the dequantized cache."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        kq, ks = P.quant_kv(key_states, self.qcfg)  # [B, H, T_new, D], [B, H, T_new, 1] | []
-        vq, vs = P.quant_kv(value_states, self.qcfg)
+        kq, ks, vq, vs = self._quantize_pair(key_states, value_states, self.qcfg)  # [B, H, T_new, D], [.., 1] | []
         self.keys = torch.cat([self.keys, kq], dim=-2)  # [B, H, T, D]
         self.values = torch.cat([self.values, vq], dim=-2)
         if self.per_token:
@@ -62,12 +88,16 @@ class QuantKVLayer(DynamicLayer):
             self.value_scales = torch.cat([self.value_scales, vs], dim=-2)
         else:
             self.key_scales, self.value_scales = ks, vs
-        dtype = key_states.dtype
-        return (P.dequant_kv(self.keys, self.key_scales, dtype),
-                P.dequant_kv(self.values, self.value_scales, dtype))
+        kdt, vdt = key_states.dtype, value_states.dtype
+        if self.keep_dequantized:  # only the new tokens are dequantized
+            self.keys_dequantized = torch.cat([self.keys_dequantized, P.dequant_kv(kq, ks, kdt)], dim=-2)
+            self.values_dequantized = torch.cat([self.values_dequantized, P.dequant_kv(vq, vs, vdt)], dim=-2)
+            return self.keys_dequantized, self.values_dequantized
+        return P.dequant_kv(self.keys, self.key_scales, kdt), P.dequant_kv(self.values, self.value_scales, vdt)
 
     def reset(self) -> None:
         self.key_scales = self.value_scales = None
+        self.keys_dequantized = self.values_dequantized = None
         super().reset()
 
     def _rows(self, fn) -> None:
@@ -75,6 +105,8 @@ class QuantKVLayer(DynamicLayer):
             self.keys, self.values = fn(self.keys), fn(self.values)
             if self.per_token:
                 self.key_scales, self.value_scales = fn(self.key_scales), fn(self.value_scales)
+            if self.keep_dequantized:
+                self.keys_dequantized, self.values_dequantized = fn(self.keys_dequantized), fn(self.values_dequantized)
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
@@ -85,6 +117,9 @@ class QuantKVLayer(DynamicLayer):
         self.keys, self.values = self.keys[..., :-n, :], self.values[..., :-n, :]
         if self.per_token:
             self.key_scales, self.value_scales = self.key_scales[..., :-n, :], self.value_scales[..., :-n, :]
+        if self.keep_dequantized:
+            self.keys_dequantized = self.keys_dequantized[..., :-n, :]
+            self.values_dequantized = self.values_dequantized[..., :-n, :]
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._rows(lambda t: t.repeat_interleave(repeats, dim=0))
@@ -99,7 +134,7 @@ class QuantKVLayer(DynamicLayer):
         raise NotImplementedError("QuantKVLayer does not support offloading")
 
     def nbytes(self) -> int:
-        """Bytes held: codes plus scales."""
+        """Bytes of the quantized cache: codes plus scales (what a quantized-KV engine holds)."""
         if not self.is_initialized:
             return 0
         n = self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
@@ -109,13 +144,22 @@ class QuantKVLayer(DynamicLayer):
             n += 8  # two fp32 scalars per layer
         return n
 
+    def resident_nbytes(self) -> int:
+        """Bytes this layer holds: :meth:`nbytes` plus the dequantized copy of ``keep_dequantized``."""
+        n = self.nbytes()
+        if self.is_initialized and self.keep_dequantized:
+            for t in (self.keys_dequantized, self.values_dequantized):
+                n += t.numel() * t.element_size()
+        return n
+
 
 class QuantKVCache(Cache):
-    """A transformers ``Cache`` of ``QuantKVLayer`` (one per decoder layer)."""
+    """A transformers ``Cache`` of ``QuantKVLayer`` (one per decoder layer); ``keep_dequantized`` as there."""
 
-    def __init__(self, qcfg: QuantConfig, num_layers: int):
-        super().__init__(layers=[QuantKVLayer(qcfg) for _ in range(num_layers)])
+    def __init__(self, qcfg: QuantConfig, num_layers: int, keep_dequantized: bool = False):
+        super().__init__(layers=[QuantKVLayer(qcfg, keep_dequantized) for _ in range(num_layers)])
         self.qcfg = qcfg
+        self.keep_dequantized = bool(keep_dequantized)
 
     def bytes_per_token(self) -> float:
         return kv_bytes_per_token(self)
@@ -142,9 +186,10 @@ def kv_bytes_per_token(cache: Cache) -> float:
     return total / tokens
 
 
-def make_kv_cache(qcfg: QuantConfig, model_config) -> Cache:
+def make_kv_cache(qcfg: QuantConfig, model_config, keep_dequantized: bool = False) -> Cache:
     """A fresh cache for one batch of sequences: ``QuantKVCache`` for an 8-bit ``kv_format``, a plain
-    ``DynamicCache`` for ``kv_format='none'``. Pass it as ``past_key_values`` / ``cache``."""
+    ``DynamicCache`` for ``kv_format='none'``. Pass it as ``past_key_values`` / ``cache``.
+    ``keep_dequantized`` (speed for memory, same values): see :class:`QuantKVLayer`."""
     if not isinstance(qcfg, QuantConfig):
         raise TypeError(f"make_kv_cache: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
     if not qcfg.quantizes_kv:
@@ -155,4 +200,4 @@ def make_kv_cache(qcfg: QuantConfig, model_config) -> Cache:
     if bad:
         raise NotImplementedError(f"make_kv_cache: layer types {bad} are not supported by the 8-bit KV cache "
                                   "(accepted: 'full_attention')")
-    return QuantKVCache(qcfg, len(layer_types))
+    return QuantKVCache(qcfg, len(layer_types), keep_dequantized)

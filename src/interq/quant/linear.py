@@ -96,13 +96,22 @@ def int_mm_padded(a: torch.Tensor, b: torch.Tensor, min_m: int | None = None) ->
 def epilogue(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
              out_dtype: torch.dtype) -> torch.Tensor:
     """CUTLASS ScaledEpilogue(Bias): ``out(s_a * (s_w * acc))`` or ``out(fma(s_a, s_w * acc, bias))``.
-    acc fp32 [M, N]; s_a [M, 1]; s_w [N] or []; bias [N] (rounded to out_dtype first, as the kernel reads it)."""
-    t = s_w * acc  # [M, N] fp32: Compute0 = ScaleB * Accum
+    acc fp32 [M, N], or the int32 accumulator itself (converted to fp32 inside the multiply, RNE above 2^24, as
+    ``acc.float()``); s_a [M, 1]; s_w [N] or []; bias [N] (rounded to out_dtype first, as the kernel reads it).
+    Three ops without bias (multiply, multiply in place, cast): the same values as the textbook sequence."""
+    return epilogue_fp32(acc, s_a, s_w, bias, out_dtype).to(out_dtype)
+
+
+def epilogue_fp32(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`epilogue` before its final cast to ``out_dtype``: [M, N] fp32 (a fresh tensor)."""
+    if acc.dtype != torch.float32 and (s_w.dim() == 0 or s_w.dtype != torch.float32):
+        acc = acc.float()  # a 0-dim scale would not promote the int32 accumulator to fp32
+    t = torch.mul(acc, s_w)  # [M, N] fp32: Compute0 = ScaleB * Accum
     if bias is None:
-        y = s_a * t  # Compute1 = ScaleA * Compute0
-    else:  # fma with one rounding; float64 then fp32 equals it up to rare double rounding
-        y = (s_a.double() * t.double() + bias.to(out_dtype).double()).float()
-    return y.to(out_dtype)
+        return t.mul_(s_a)  # Compute1 = ScaleA * Compute0 (multiplication commutes exactly)
+    # fma with one rounding; float64 then fp32 equals it up to rare double rounding
+    return (s_a.double() * t.double() + bias.to(out_dtype).double()).float()
 
 
 def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int, bias: torch.Tensor | None,
@@ -113,13 +122,20 @@ def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: 
     ``torch._int_mm``: the same int32 values. ``a_bits`` < 8 narrows the activation codes (still int8
     tensors); narrower weight codes arrive as they are in ``wq_t``: the GEMM and the epilogue do not change."""
     q, s_a = P.quant_act_int8_token(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
+    return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32)
+
+
+def int8_gemm(q: torch.Tensor, s_a: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int,
+              bias: torch.Tensor | None, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None) -> torch.Tensor:
+    """The GEMM and epilogue of :func:`int8_linear` for activation codes already quantized: q int8 [M, K],
+    s_a fp32 [M, 1] -> [M, N] out_dtype."""
     if codes_f32 is None:
         kp = wq_t.shape[0]  # the weight's K is already padded to a multiple of 8: pad the codes to match
         acc32 = int_mm_padded(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), wq_t)  # [M, Np]
     else:
         kp = codes_f32.shape[0]
         acc32 = int_mm_fp32_exact(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), codes_f32)
-    acc = acc32[:, :n_out].float()  # [M, N] exact int32 -> fp32 (RNE above 2^24)
+    acc = acc32 if acc32.shape[1] == n_out else acc32[:, :n_out]  # [M, N] exact int32 (fp32 inside the epilogue)
     return epilogue(acc, s_a, s_w, bias, out_dtype)
 
 
@@ -203,6 +219,140 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, w={self.qcfg.w_format}/"
                 f"{self.qcfg.w_granularity}, bias={self.bias is not None}, int8_backend={self.int8_backend}")
+
+
+def _version(x: torch.Tensor) -> int | None:
+    try:
+        return x._version
+    except RuntimeError:  # an inference tensor (torch.inference_mode) has no version counter
+        return None
+
+
+class FusedQuantLinear(nn.Module):
+    """int8 linears that read the same input, as one GEMM: q|k|v and gate|up (vLLM's ``QKVParallelLinear`` and
+    ``MergedColumnParallelLinear``). One activation quantization, one ``_int_mm`` over the concatenated output
+    rows, one epilogue, then each member's columns cast to the compute dtype as a contiguous tensor of its own.
+
+    Bit for bit the members' own ``QuantLinear`` outputs: weights are quantized member by member (per output
+    row, or with the group's shared per-tensor amax, which the executor already uses), the activation codes are
+    those of the shared input, every accumulator element is the same exact int32 dot product, and the
+    epilogue is element-wise (tested: ``tests/test_quant_fused.py``).
+
+    The members stay in the model as :class:`FusedQuantSlice` modules under their own names, so the model's
+    forward is untouched: the first member called with an input runs the group's GEMM and keeps the other
+    members' outputs until they ask for them with the same tensor (identity; and its version counter where it
+    has one: an inference tensor has none). A member called with another input, or twice, recomputes.
+    Used for ``w_format='int8'`` only (fp8 ``block128`` scales are per 128x128 block of each member)."""
+
+    def __init__(self, linears: dict[str, nn.Linear], qcfg: QuantConfig, amaxes: dict[str, torch.Tensor | None],
+                 int8_backend: str = "auto"):
+        super().__init__()
+        if qcfg.w_format != "int8" or qcfg.w_granularity not in ("channel", "tensor"):
+            raise ValueError(f"FusedQuantLinear needs w_format='int8' with 'channel' or 'tensor' granularity, got "
+                             f"{qcfg.w_format!r} / {qcfg.w_granularity!r}")
+        lins = list(linears.values())
+        if len(lins) < 2 or not can_fuse(lins):
+            raise ValueError("FusedQuantLinear needs two or more linears with the same in_features, dtype, device "
+                             "and bias presence")
+        self.qcfg = qcfg
+        self.member_names = tuple(n.rpartition(".")[2] for n in linears)
+        self.int8_backend = resolve_int8_backend(int8_backend, lins[0].weight.device)
+        self.in_features = lins[0].in_features
+        self.sizes = tuple(m.out_features for m in lins)
+        self.out_features = sum(self.sizes)
+        q, s = self._quantize([m.weight for m in lins], [amaxes.get(n) for n in linears])
+        self.register_buffer("weight_q", q)  # [Kp, Np] int8
+        self.register_buffer("weight_scale", s)  # [N] fp32
+        bias = None if lins[0].bias is None else torch.cat([m.bias.detach() for m in lins])
+        self.register_buffer("bias", bias)
+        self._refresh_codes()
+        self._memo = None
+
+    def _quantize(self, weights, amaxes) -> tuple[torch.Tensor, torch.Tensor]:
+        qs, ss = [], []
+        for w, amax in zip(weights, amaxes):
+            q, s = P.quant_weight(w, self.qcfg, amax)  # [N_i, K] int8, [N_i, 1] or [1, 1]
+            qs.append(q)
+            ss.append(s.reshape(-1).expand(q.shape[0]))  # [N_i]: a per-tensor scale repeated per row
+        q = P._pad_last2(torch.cat(qs), 8).transpose(-1, -2).contiguous()  # [Kp, Np]
+        return q, torch.cat(ss)
+
+    def _refresh_codes(self) -> None:
+        use = self.int8_backend == "fp32_exact"
+        self.register_buffer("weight_codes_f32", self.weight_q.float() if use else None, persistent=False)
+
+    @torch.no_grad()
+    def requantize(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None],
+                   amaxes: list[torch.Tensor | None]) -> None:
+        """Weight sync: the members' new weights (in ``member_names`` order), scales recomputed."""
+        q, s = self._quantize(weights, amaxes)
+        self.weight_q.copy_(q)
+        self.weight_scale.copy_(s)
+        if self.weight_codes_f32 is not None:
+            self.weight_codes_f32.copy_(self.weight_q)
+        if self.bias is not None:
+            self.bias.copy_(torch.cat([b.detach() for b in biases]))
+        self._memo = None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [..., K] -> one [..., N_i] tensor per member (contiguous, x's dtype)."""
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        q, s_a = P.quant_act_int8_token(x2, self.qcfg.a_int8_rounding, self.qcfg.a_bits)  # [M, K], [M, 1]
+        codes = self.weight_codes_f32
+        if codes is None:
+            kp = self.weight_q.shape[0]
+            acc = int_mm_padded(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), self.weight_q)
+        else:
+            kp = codes.shape[0]
+            acc = int_mm_fp32_exact(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), codes)
+        acc = acc if acc.shape[1] == self.out_features else acc[:, :self.out_features]  # [M, N] int32
+        y = epilogue_fp32(acc, s_a, self.weight_scale, self.bias, x.dtype)  # [M, N] fp32
+        outs, start = [], 0
+        for n in self.sizes:
+            part = y[:, start:start + n]  # [M, N_i], a strided view
+            # a fresh contiguous tensor per member, as the member's own QuantLinear returns
+            part = part.to(x.dtype) if x.dtype != part.dtype else part.clone(memory_format=torch.contiguous_format)
+            outs.append(part.reshape(*x.shape[:-1], n))
+            start += n
+        return tuple(outs)
+
+    def member_output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        memo = self._memo
+        if memo is None or memo[0] is not x or memo[1] != _version(x) or memo[2][index] is None:
+            memo = self._memo = [x, _version(x), list(self(x))]
+        out, memo[2][index] = memo[2][index], None  # each output is handed out once
+        if all(o is None for o in memo[2]):
+            self._memo = None  # every member served: release the input and outputs
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"members={self.member_names}, in_features={self.in_features}, out_features={self.sizes}, "
+                f"w={self.qcfg.w_format}/{self.qcfg.w_granularity}, bias={self.bias is not None}, "
+                f"int8_backend={self.int8_backend}")
+
+
+def can_fuse(linears: list[nn.Linear]) -> bool:
+    """Linears whose GEMMs can run as one: same input width, dtype, device, and all or none with a bias."""
+    a = linears[0]
+    return all(m.in_features == a.in_features and m.weight.dtype == a.weight.dtype
+               and m.weight.device == a.weight.device and (m.bias is None) == (a.bias is None) for m in linears)
+
+
+class FusedQuantSlice(nn.Module):
+    """A member of a :class:`FusedQuantLinear` (``q_proj``, ``k_proj``, ``gate_proj``...), left in the model under
+    its own name: its forward returns its columns of the group's GEMM."""
+
+    def __init__(self, group: FusedQuantLinear, index: int):
+        super().__init__()
+        object.__setattr__(self, "group", group)  # not a submodule: the group is registered once, at the parent
+        self.index = index
+        self.in_features, self.out_features = group.in_features, group.sizes[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.member_output(self.index, x)
+
+    def extra_repr(self) -> str:
+        return f"{self.group.member_names[self.index]} of the fused group, out_features={self.out_features}"
 
 
 def is_fused_experts(module: nn.Module) -> bool:

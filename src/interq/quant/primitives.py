@@ -150,17 +150,30 @@ def dequant_weight(q: torch.Tensor, s: torch.Tensor, granularity: str) -> torch.
 
 
 # -------------------------------------------------------------------------------------- activations
+_NARROW = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _narrow_float(x: torch.Tensor) -> torch.Tensor:
+    """x itself when fp32 or narrower (promoting it to fp32 inside an op is exact), else ``x.float()``."""
+    return x if x.dtype in _NARROW else x.float()
+
+
 def quant_act_int8_token(x: torch.Tensor, rounding: str = "half_even",
                          bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM ``dynamic_scaled_int8_quant``: inv = 127/amax (0 if amax = 0), q = sat8(round(x * inv)),
     s = amax/127. ``bits`` < 8: 127 -> qmax = 2**(bits-1) - 1 and sat to [-(qmax + 1), qmax] (the scale keeps
     every code in [-qmax, qmax]). x: [..., K] -> q int8 [..., K], s fp32 [..., 1]."""
     qmax = int_qmax(bits)
-    xf = x.detach().float()  # [..., K]
-    amax = xf.abs().amax(dim=-1, keepdim=True)  # [..., 1]
-    inv = torch.where(amax == 0, torch.zeros_like(amax), float(qmax) / amax)
-    q = round_int8(xf * inv, rounding).clamp(-(qmax + 1), qmax)
-    return q.to(torch.int8), amax / float(qmax)
+    x = _narrow_float(x.detach())  # [..., K]
+    # Written for few ops (the executor runs this once per quantized GEMM input, decode is overhead-bound);
+    # value for value the reference ``xf = x.float(); amax = xf.abs().amax(-1); inv = where(amax == 0, 0,
+    # qmax / amax); q = clamp(round(xf * inv))`` (tested bit for bit): abs and max are exact in x's dtype, and
+    # ``qmax / amax`` on a tensor is ``amax.reciprocal() * qmax`` in torch (Tensor.__rtruediv__), kept as such.
+    amax = x.abs().amax(dim=-1, keepdim=True).float()  # [..., 1] fp32
+    inv = amax.reciprocal().mul_(float(qmax)).masked_fill_(amax == 0, 0.0)  # [..., 1]
+    v = torch.mul(x, inv)  # [..., K] fp32: x promoted to fp32 (exact), one rounding, as xf * inv
+    v = v.round_() if rounding == "half_even" else round_int8(v, rounding)
+    return v.clamp_(-(qmax + 1), qmax).to(torch.int8), amax / float(qmax)
 
 
 def quant_act_fp8_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,16 +204,21 @@ def quant_kv(t: torch.Tensor, qcfg: QuantConfig) -> tuple[torch.Tensor, torch.Te
     per-token-head (vLLM ``triton_reshape_and_cache_flash``): s = max(amax_d/QMAX, 1e-6),
     q = store(clamp(t * (1/s), QMIN, QMAX)) with QMAX = 448 (fp8) or 2**(kv_bits-1) - 1 (int, 127 at 8 bits),
     QMIN = -(QMAX + 1) for int; ``fp8_tensor``: q = cast(t / kv_tensor_scale)."""
-    tf = t.detach().float()  # [B, H, T, D]
     fmt = qcfg.kv_format
+    tf = t.detach().float() if fmt != "int8_per_token_head" else None  # [B, H, T, D]
     if fmt == "fp8_tensor":
         s = torch.tensor(float(qcfg.kv_tensor_scale), dtype=torch.float32, device=t.device)
         return fp8_cast(tf / s, qcfg.fp8_store), s
     if fmt == "int8_per_token_head":
+        # few ops (once per layer and decode step), value for value ``s = clamp(amax(|tf|) / qmax, 1e-6)``,
+        # ``q = round(clamp(tf * (1.0 / s)))``: ``1.0 / s`` is ``s.reciprocal() * 1.0`` in torch, exactly the
+        # reciprocal; clamping to integer bounds commutes with rounding; abs/max are exact in t's dtype.
         qmax = int_qmax(qcfg.kv_bits)
-        s = (tf.abs().amax(dim=-1, keepdim=True) / float(qmax)).clamp(min=KV_MIN_SCALE)  # [B, H, T, 1]
-        v = (tf * (1.0 / s)).clamp(-(qmax + 1), qmax)
-        return round_int8(v, "half_even" if qcfg.kv_int8_store == "round" else "trunc").to(torch.int8), s
+        td = _narrow_float(t.detach())
+        s = td.abs().amax(dim=-1, keepdim=True).float().div_(float(qmax)).clamp_(min=KV_MIN_SCALE)  # [B, H, T, 1]
+        v = torch.mul(td, s.reciprocal()).clamp_(-(qmax + 1), qmax)  # [B, H, T, D] fp32
+        v = v.round_() if qcfg.kv_int8_store == "round" else v.trunc_()
+        return v.to(torch.int8), s
     if fmt == "fp8_per_token_head":
         s = (tf.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=KV_MIN_SCALE)  # [B, H, T, 1]
         return fp8_cast(tf * (1.0 / s), qcfg.fp8_store), s
@@ -210,6 +228,8 @@ def quant_kv(t: torch.Tensor, qcfg: QuantConfig) -> tuple[torch.Tensor, torch.Te
 
 def dequant_kv(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Read path: q.float() * s, then the compute dtype (FlashInfer / Triton dequantizing backends)."""
+    if q.dtype == torch.int8 and s.dim() > 0:  # int8 * fp32 promotes to fp32 (exact codes): one op fewer
+        return torch.mul(q, s).to(dtype)
     return (q.float() * s).to(dtype)
 
 
