@@ -112,7 +112,8 @@ def test_executor_module_policy_and_learner_untouched(kind):
     assert exe is not learner
     # learner: unchanged weights, still plain nn.Linear
     assert all(torch.equal(before[k], v) for k, v in learner.state_dict().items())
-    assert not any(isinstance(m, (QuantLinear, FusedQuantLinear, FusedQuantSlice, QuantExperts)) for m in learner.modules())
+    quant_modules = (QuantLinear, FusedQuantLinear, FusedQuantSlice, QuantExperts)
+    assert not any(isinstance(m, quant_modules) for m in learner.modules())
     names = dict(exe.named_modules())
     for i in range(learner.config.num_hidden_layers):
         for proj in ("q_proj", "k_proj", "v_proj"):  # one fused int8 GEMM, members left under their names

@@ -161,7 +161,8 @@ TENSOR_AWAY = QuantConfig(w_granularity="tensor", a_int8_rounding="half_away", k
 @pytest.mark.parametrize("kind,dtype,qcfg", [
     ("llama", torch.bfloat16, W8A8KV8), ("qwen3", torch.bfloat16, W8A8KV8), ("qwen3_moe", torch.bfloat16, W8A8KV8),
     ("llama_bias", torch.bfloat16, W8A8KV8), ("qwen3", torch.float32, W8A8KV8), ("llama_bias", torch.float32, W4A4KV4),
-    ("qwen3", torch.bfloat16, W4A4KV4), ("llama_bias", torch.bfloat16, TENSOR_AWAY), ("qwen3", torch.float32, TENSOR_AWAY),
+    ("qwen3", torch.bfloat16, W4A4KV4), ("llama_bias", torch.bfloat16, TENSOR_AWAY),
+    ("qwen3", torch.float32, TENSOR_AWAY),
 ], ids=lambda v: str(v).replace("torch.", "") if not isinstance(v, QuantConfig) else
     {id(W8A8KV8): "w8a8kv8", id(W4A4KV4): "w4a4kv4", id(TENSOR_AWAY): "tensor_away_bf16kv"}[id(v)])
 def test_fused_executor_equals_per_linear_executor_bit_for_bit(kind, dtype, qcfg):

@@ -21,7 +21,7 @@ Follows ``shared/design/quant-spec.md``. Usage::
 (``past_key_values=`` is the older name of ``cache=`` in transformers 5.x; both work.)
 """
 
-from interq.quant.aligned import aligned
+from interq.quant.aligned import aligned, clear_aligned_cache
 from interq.quant.config import BF16_EXECUTOR, QuantConfig
 from interq.quant.executor import make_executor, quantized_targets, sync_weights
 from interq.quant.kv_cache import QuantKVCache, QuantKVLayer, kv_bytes_per_token, make_kv_cache
@@ -50,10 +50,10 @@ from interq.quant.primitives import (
 )
 
 __all__ = [
-    "BF16_EXECUTOR", "E4M3_MAX", "FusedQuantLinear", "FusedQuantSlice", "QuantConfig", "QuantExperts", "QuantKVCache", "QuantKVLayer", "QuantLinear",
-    "aligned", "dequant_kv", "dequant_weight", "fake_quant_activation", "fake_quant_kv", "fake_quant_weight",
-    "fp8_cast", "fp8_linear", "fq_activation_ste", "fq_kv_ste", "fq_weight_ste", "int8_linear", "int_mm_padded",
-    "kv_bytes_per_token", "make_executor", "make_kv_cache", "quant_act_fp8_group", "quant_act_fp8_token",
-    "quant_act_int8_token", "quant_kv", "quant_weight", "quant_weight_fp8", "quant_weight_int8",
-    "quantized_targets", "round_half_away", "ste", "sync_weights",
+    "BF16_EXECUTOR", "E4M3_MAX", "FusedQuantLinear", "FusedQuantSlice", "QuantConfig", "QuantExperts", "QuantKVCache",
+    "QuantKVLayer", "QuantLinear", "aligned", "clear_aligned_cache", "dequant_kv", "dequant_weight",
+    "fake_quant_activation", "fake_quant_kv", "fake_quant_weight", "fp8_cast", "fp8_linear", "fq_activation_ste",
+    "fq_kv_ste", "fq_weight_ste", "int8_linear", "int_mm_padded", "kv_bytes_per_token", "make_executor",
+    "make_kv_cache", "quant_act_fp8_group", "quant_act_fp8_token", "quant_act_int8_token", "quant_kv", "quant_weight",
+    "quant_weight_fp8", "quant_weight_int8", "quantized_targets", "round_half_away", "ste", "sync_weights",
 ]

@@ -11,6 +11,17 @@ built inside can be back-propagated after exit.
         logits = learner(input_ids=ids, attention_mask=mask).logits
     loss(logits).backward()
 
+The fake-quantized weights are computed once per weight version, not on every forward (``cache_weights=True``,
+the default): each quantized module's dequantized weight is kept, keyed on its parameters' identity and version
+counters (and the group's, for a shared per-tensor scale), so the forwards of one optimizer step (proximal pass,
+micro-batches) reuse it and the first forward after ``optimizer.step()`` (an in-place update: new versions)
+recomputes it. Values and gradients are bit for bit those of the uncached path: the kept value is the STE's own
+forward value ``fq(w) + (w - w)``, and the gradient reaches ``w`` unchanged, as through the STE. The cache holds
+one fp32 copy of the quantized weights per model (outside the model: a deep copy does not carry it; freed with
+the model or by :func:`clear_aligned_cache`). A write through ``param.data`` does not bump the version counter:
+after one, call :func:`clear_aligned_cache` (torch optimizers, ``load_state_dict`` and ``copy_`` under no_grad
+all bump it).
+
 What it deliberately does NOT share with the executor: the GEMM is a float matmul of dequantized
 operands in fp32 (the executor accumulates exactly in int32 / float64 and applies the CUTLASS epilogue),
 and the whole sequence runs in one teacher-forced forward (the executor decodes token by token against its
@@ -20,6 +31,7 @@ quantized cache). Those are the real residuals InterQ corrects; they are not rem
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 from torch import nn
@@ -55,12 +67,60 @@ def _register(base: str) -> str:
     return name
 
 
-def aligned_linear_forward(mod: nn.Linear, qcfg: QuantConfig, group: list[nn.Linear] | None, x: torch.Tensor):
-    """y = fq(x) @ fq(W).T (+ b) in fp32, cast to x's dtype; STE to x and W."""
-    amax = None
-    if group is not None:  # fused per-tensor scale: max over q|k|v or gate|up
-        amax = torch.stack([P.weight_amax(m.weight, qcfg) for m in group]).amax(0)  # [1, 1]
-    w = P.fq_weight_ste(mod.weight, qcfg, amax)  # [N, K] fp32
+# module -> {parameter name: (key, fake-quantized value)}; weak keys: dies with the module, not deep-copied
+_FQ_CACHE: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def _weight_key(qcfg: QuantConfig, tensors) -> tuple:
+    return (qcfg, *((t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) for t in tensors))
+
+
+class _CachedSTE(torch.autograd.Function):
+    """Forward: the kept fake-quantized value (a view of it); backward: the gradient to ``w`` unchanged (cast to
+    its dtype), as the straight-through ``fq.detach() + (w - w.detach())`` gives."""
+
+    @staticmethod
+    def forward(ctx, w, value):
+        ctx.w_dtype = w.dtype
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.w_dtype), None
+
+
+def fq_weight_ste_cached(mod: nn.Module, name: str, w: torch.Tensor, qcfg: QuantConfig, amax_fn=None,
+                         depends_on=()) -> torch.Tensor:
+    """``P.fq_weight_ste(w, qcfg, amax_fn())`` (same value, same gradient), computed once per version of ``w``
+    (and of ``depends_on``, the tensors the amax reads) and kept for ``mod`` under ``name``."""
+    store = _FQ_CACHE.setdefault(mod, {})
+    key = _weight_key(qcfg, (w, *depends_on))
+    hit = store.get(name)
+    if hit is None or hit[0] != key:
+        with torch.no_grad():
+            wd = w.detach()
+            value = P.fake_quant_weight(wd, qcfg, None if amax_fn is None else amax_fn()) + (wd - wd)  # STE value
+        store[name] = hit = (key, value)
+    return _CachedSTE.apply(w, hit[1])
+
+
+def clear_aligned_cache(model: nn.Module) -> None:
+    """Drop the fake-quantized weights kept for ``model``'s modules (see the module docstring)."""
+    for m in model.modules():
+        _FQ_CACHE.pop(m, None)
+
+
+def aligned_linear_forward(mod: nn.Linear, qcfg: QuantConfig, group: list[nn.Linear] | None, x: torch.Tensor,
+                           cache: bool = False):
+    """y = fq(x) @ fq(W).T (+ b) in fp32, cast to x's dtype; STE to x and W. ``cache``: fq(W) once per version."""
+    def amax():  # fused per-tensor scale: max over q|k|v or gate|up
+        return None if group is None else torch.stack([P.weight_amax(m.weight, qcfg) for m in group]).amax(0)  # [1, 1]
+
+    if cache:
+        deps = () if group is None else tuple(m.weight for m in group if m is not mod)
+        w = fq_weight_ste_cached(mod, "weight", mod.weight, qcfg, amax, deps)  # [N, K] fp32
+    else:
+        w = P.fq_weight_ste(mod.weight, qcfg, amax())  # [N, K] fp32
     xq = P.fq_activation_ste(x, qcfg)  # [..., K] fp32
     y = nn.functional.linear(xq, w)  # [..., N] fp32
     if mod.bias is not None:
@@ -68,9 +128,14 @@ def aligned_linear_forward(mod: nn.Linear, qcfg: QuantConfig, group: list[nn.Lin
     return y.to(x.dtype)
 
 
-def aligned_experts_forward(mod: nn.Module, qcfg: QuantConfig, hidden_states, top_k_index, top_k_weights):
-    gu = P.fq_weight_ste(mod.gate_up_proj, qcfg)  # [E, 2I, H] fp32, per expert per output channel
-    dn = P.fq_weight_ste(mod.down_proj, qcfg)  # [E, H, I] fp32
+def aligned_experts_forward(mod: nn.Module, qcfg: QuantConfig, hidden_states, top_k_index, top_k_weights,
+                            cache: bool = False):
+    if cache:
+        gu = fq_weight_ste_cached(mod, "gate_up_proj", mod.gate_up_proj, qcfg)  # [E, 2I, H] fp32
+        dn = fq_weight_ste_cached(mod, "down_proj", mod.down_proj, qcfg)  # [E, H, I] fp32
+    else:
+        gu = P.fq_weight_ste(mod.gate_up_proj, qcfg)  # [E, 2I, H] fp32, per expert per output channel
+        dn = P.fq_weight_ste(mod.down_proj, qcfg)  # [E, H, I] fp32
 
     def gemm(w):
         return lambda e, x: nn.functional.linear(P.fq_activation_ste(x, qcfg), w[e]).to(x.dtype)
@@ -79,8 +144,9 @@ def aligned_experts_forward(mod: nn.Module, qcfg: QuantConfig, hidden_states, to
 
 
 @contextlib.contextmanager
-def aligned(model: nn.Module, qcfg: QuantConfig):
-    """Context manager: the learner's forward runs the executor's quantize-dequantize (see module doc)."""
+def aligned(model: nn.Module, qcfg: QuantConfig, cache_weights: bool = True):
+    """Context manager: the learner's forward runs the executor's quantize-dequantize (see module doc).
+    ``cache_weights``: fake-quantize each weight once per version (same numbers; see the module doc)."""
     if not isinstance(qcfg, QuantConfig):
         raise TypeError(f"aligned: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
     if getattr(model, "_interq_aligned", False):
@@ -98,11 +164,11 @@ def aligned(model: nn.Module, qcfg: QuantConfig):
                     groups.setdefault(fused_group(n), []).append(m)
             for n, m in linears.items():
                 grp = groups.get(fused_group(n)) if groups else None
-                m.forward = (lambda m, grp: lambda x: aligned_linear_forward(m, qcfg, grp, x))(m, grp)
+                m.forward = (lambda m, grp: lambda x: aligned_linear_forward(m, qcfg, grp, x, cache_weights))(m, grp)
                 patched.append(m)
             for m in experts.values():
                 check_experts_layout(m)
-                m.forward = (lambda m: lambda h, i, w: aligned_experts_forward(m, qcfg, h, i, w))(m)
+                m.forward = (lambda m: lambda h, i, w: aligned_experts_forward(m, qcfg, h, i, w, cache_weights))(m)
                 patched.append(m)
         if qcfg.quantizes_kv:
             if old_attn not in ("sdpa", "eager"):

@@ -3,10 +3,11 @@
 Each token's K (after RoPE, and after ``k_norm`` where the model has one) and V are quantized exactly
 once, when ``update`` writes them (prefill and every decode step), and the whole cache is dequantized to
 the compute dtype on read (or, with ``keep_dequantized=True``, each token is dequantized once, when written, into
-a compute-dtype copy that reads return: the same values, fewer ops and bytes per decode step, more memory). K and
-V of a token are quantized by one call over both (same codes and scales as two calls). Prefill attention therefore also reads the quantized K/V of the new tokens
-(one behaviour, chosen and documented: it is what a dequantizing FlashInfer/Triton backend does once the
-tokens are in the paged cache, and what the aligned learner forward mirrors).
+a compute-dtype copy that reads return: the same values, fewer ops and bytes per decode step, more memory).
+Prefill attention therefore also reads the quantized K/V of the new tokens (one behaviour, chosen and
+documented: it is what a dequantizing FlashInfer/Triton backend does once the tokens are in the paged cache,
+and what the aligned learner forward mirrors). K and V of a token are quantized by one call over both (the
+same codes and scales as two calls).
 
 With ``QuantConfig.kv_bits`` < 8 the int8 per-token-head codes are narrower (scale amax/(2**(kv_bits-1) - 1))
 but still stored one per int8 byte, not packed: ``kv_bytes_per_token`` reports the int8 storage.
