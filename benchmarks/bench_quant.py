@@ -7,9 +7,11 @@ from a config):
     learner, by position bucket, all on the W8A8-KV8 executor's own samples (the behavior policy);
     also against an fp32 recompute (the setting of the vLLM-CPU calibration) and the executor's own
     teacher-forced prefill (decode vs prefill);
-  - decode tokens/s of the W8A8 executor over the bf16 executor at batch 1 and 16, measured side by
-    side (interleaved rounds, medians), with both exact int8 backends (``torch._int_mm`` and the fp32
-    GEMM of integer codes), and W8A8 with a bf16 cache (optionally HF ``generate``, ``--hf-generate``);
+  - decode tokens/s of the W8A8 executor over the bf16 executor at batch 1 and 16 (``--speed-batches``), measured
+    side by side (interleaved rounds, medians; also per CPU second of this process, ``*_cpu_time``, which moves
+    less with other jobs' load), with the executor as built (fused q|k|v and gate|up GEMMs, ``auto`` backend) and
+    its bit-identical variants: unfused (one QuantLinear per linear), a cache keeping its dequantized copy, the
+    ``torch._int_mm`` backend forced; and W8A8 with a bf16 cache (optionally HF ``generate``, ``--hf-generate``);
   - KV bytes per token over bf16; weight-sync seconds.
 The header and the RESULT line record the machine (``machine``: ``interq.machine.machine_info()`` at the start,
 ``load_avg_end`` at the end). ``--device cuda`` runs the models on a GPU (sampling draws stay on the CPU generator).
@@ -149,31 +151,39 @@ def numerics(name, learner_bf16, learner_fp32, qcfg, prompt, mask, n_new, bucket
 
 
 @torch.no_grad()
-def decode_speed(arms: dict, prompt_ids: list[int], batch: int, steps: int, rounds: int) -> dict:
-    """Median decode tokens/s per arm; arms measured in interleaved rounds (side by side)."""
+def decode_speed(arms: dict, prompt_ids: list[int], batch: int, steps: int, rounds: int,
+                 cpu_times: dict | None = None) -> dict:
+    """Median decode tokens/s per arm; arms measured in interleaved rounds (side by side). An arm is
+    ``(model, qcfg)`` or ``(model, qcfg, cache_kwargs)``. ``cpu_times``: filled with the median tokens per second
+    of this process's CPU time (``time.process_time``), the less load-sensitive figure on a shared machine."""
     dev = next(iter(arms.values()))[0].device
     prompt = torch.tensor([prompt_ids] * batch, device=dev)
     mask = torch.ones_like(prompt)
     times = {k: [] for k in arms}
+    cpu = {k: [] for k in arms}
     for _ in range(rounds):
-        for name, (model, qcfg) in arms.items():
+        for name, (model, qcfg, *cache_kw) in arms.items():
             if qcfg is None:  # HF generate on the learner, greedy, fixed length
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 model.generate(input_ids=prompt, attention_mask=mask, max_new_tokens=steps + 1, min_new_tokens=steps + 1,
                                do_sample=False, pad_token_id=0)
                 synchronize(dev)
                 times[name].append((time.perf_counter() - t0))  # includes the prefill
+                cpu[name].append(time.process_time() - c0)
                 continue
-            cache = make_kv_cache(qcfg, model.config)
+            cache = make_kv_cache(qcfg, model.config, **(cache_kw[0] if cache_kw else {}))
             out = model(input_ids=prompt, cache=cache, use_cache=True)
             tok = out.logits[:, -1].argmax(-1, keepdim=True)
             synchronize(dev)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 out = model(input_ids=tok, cache=out.cache, use_cache=True)
                 tok = out.logits[:, -1].argmax(-1, keepdim=True)
             synchronize(dev)
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    if cpu_times is not None:
+        cpu_times.update({k: round(batch * steps / statistics.median(v), 2) for k, v in cpu.items()})
     return {k: round(batch * steps / statistics.median(v), 2) for k, v in times.items()}
 
 
@@ -191,6 +201,10 @@ def main() -> None:
     ap.add_argument("--hf-generate", action="store_true", help="also time HF generate on the bf16 learner (slow here)")
     ap.add_argument("--no-int-mm", action="store_true", help="skip the torch._int_mm speed arm (slow on CPUs without VNNI)")
     ap.add_argument("--speed-only", action="store_true", help="SmolLM2 decode speed, KV bytes and sync only (no numerics)")
+    ap.add_argument("--speed-batches", default="1,16", help="decode batch sizes timed (comma-separated; 1 and 16 are "
+                    "the RESULT's ratios)")
+    ap.add_argument("--speed-arms", default="all", help="'all', or a comma-separated subset of the speed arms: bf16, "
+                    "w8a8_kv8, w8a8_bf16kv, w8a8_kv8_unfused, w8a8_kv8_keepdq, w8a8_kv8_int_mm")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -238,31 +252,52 @@ def main() -> None:
                                          args.new_tokens, args.bucket)
             del learner32
             result["smollm2"] = res
-        exe_q_bf16kv = make_executor(learner, QuantConfig(kv_format="none"))
-        arms = {"bf16": (exe_b, BF16_EXECUTOR), "w8a8_kv8": (exe_q, qcfg),
-                "w8a8_bf16kv": (exe_q_bf16kv, exe_q_bf16kv.interq_qcfg)}
-        if not args.no_int_mm:
-            arms["w8a8_kv8_int_mm"] = (make_executor(learner, qcfg, int8_backend="int_mm"), qcfg)
+        # the executor as make_executor builds it (q|k|v and gate|up fused, int8_backend 'auto'), and variants: a
+        # bf16 cache, one QuantLinear per linear (the unfused path, bit-identical), the cache keeping its
+        # dequantized copy (bit-identical, more memory), the torch._int_mm backend forced
+        variants = {
+            "w8a8_bf16kv": lambda: (make_executor(learner, QuantConfig(kv_format="none")), QuantConfig(kv_format="none")),
+            "w8a8_kv8_unfused": lambda: (make_executor(learner, qcfg, fuse=False), qcfg),
+            "w8a8_kv8_keepdq": lambda: (exe_q, qcfg, {"keep_dequantized": True}),
+            "w8a8_kv8_int_mm": lambda: (make_executor(learner, qcfg, int8_backend="int_mm"), qcfg),
+        }
+        wanted = set(variants) | {"bf16", "w8a8_kv8"} if args.speed_arms == "all" else set(args.speed_arms.split(","))
+        unknown = wanted - set(variants) - {"bf16", "w8a8_kv8"}
+        if unknown or not {"bf16", "w8a8_kv8"} <= wanted:
+            ap.error(f"--speed-arms: unknown {sorted(unknown)}; bf16 and w8a8_kv8 are always needed")
+        if args.no_int_mm:
+            wanted.discard("w8a8_kv8_int_mm")
+        arms = {"bf16": (exe_b, BF16_EXECUTOR), "w8a8_kv8": (exe_q, qcfg)}
+        arms.update({k: f() for k, f in variants.items() if k in wanted})
         if args.hf_generate:
             arms["hf_generate_bf16"] = (learner, None)
         # the backend the executor actually chose (machine.int8_backend_auto is what 'auto' resolves to on this device)
         result["int8_backend_auto"] = next(m for m in exe_q.modules() if hasattr(m, "int8_backend")).int8_backend
-        speed = {}
-        for b in (1, 16):
-            speed[f"bs{b}"] = decode_speed(arms, seqs[0][:args.speed_prompt], b, args.speed_steps, args.speed_rounds)
-            print(f"decode tokens/s at batch {b}: {speed[f'bs{b}']}")
+        speed, speed_cpu = {}, {}
+        batches = sorted({int(b) for b in args.speed_batches.split(",")} | {1, 16})
+        for b in batches:
+            cpu_b: dict = {}
+            speed[f"bs{b}"] = decode_speed(arms, seqs[0][:args.speed_prompt], b, args.speed_steps, args.speed_rounds,
+                                           cpu_b)
+            speed_cpu[f"bs{b}"] = cpu_b
+            print(f"decode tokens/s at batch {b}: {speed[f'bs{b}']} (per CPU second of this process: {cpu_b})",
+                  flush=True)
         result["decode_tokens_per_s"] = speed
+        result["decode_tokens_per_cpu_s"] = speed_cpu
         s = result["smollm2"]
         result.update({
             "int8_over_bf16_decode_bs16": round(speed["bs16"]["w8a8_kv8"] / speed["bs16"]["bf16"], 3),
             "int8_over_bf16_decode_bs1": round(speed["bs1"]["w8a8_kv8"] / speed["bs1"]["bf16"], 3),
-            "int8_bf16kv_over_bf16_decode_bs16": round(speed["bs16"]["w8a8_bf16kv"] / speed["bs16"]["bf16"], 3),
+            "int8_over_bf16_decode_bs16_cpu_time": round(speed_cpu["bs16"]["w8a8_kv8"] / speed_cpu["bs16"]["bf16"], 3),
             "kv_bytes_ratio": round(s["kv_bytes_per_token"]["q"] / s["kv_bytes_per_token"]["bf16"], 4),
             "sync_seconds": s["sync_seconds"],
         })
-        if not args.no_int_mm:
-            for b in (1, 16):
-                result[f"int8_int_mm_over_bf16_decode_bs{b}"] = round(speed[f"bs{b}"]["w8a8_kv8_int_mm"] / speed[f"bs{b}"]["bf16"], 3)
+        for b in batches:
+            for arm in arms:
+                if arm not in ("bf16", "hf_generate_bf16") and (arm, b) != ("w8a8_kv8", 16) and (arm, b) != ("w8a8_kv8", 1):
+                    name = {"w8a8_kv8": "int8", "w8a8_bf16kv": "int8_bf16kv", "w8a8_kv8_int_mm": "int8_int_mm",
+                            "w8a8_kv8_unfused": "int8_unfused", "w8a8_kv8_keepdq": "int8_keepdq"}[arm]
+                    result[f"{name}_over_bf16_decode_bs{b}"] = round(speed[f"bs{b}"][arm] / speed[f"bs{b}"]["bf16"], 3)
         if not args.speed_only:
             result.update({
                 "abs_dlogp_mean_q_vs_bf16": s["q_vs_bf16_learner"]["abs_mean"],

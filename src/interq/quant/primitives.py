@@ -164,7 +164,7 @@ def quant_act_int8_token(x: torch.Tensor, rounding: str = "half_even",
     s = amax/127. ``bits`` < 8: 127 -> qmax = 2**(bits-1) - 1 and sat to [-(qmax + 1), qmax] (the scale keeps
     every code in [-qmax, qmax]). x: [..., K] -> q int8 [..., K], s fp32 [..., 1]."""
     qmax = int_qmax(bits)
-    x = _narrow_float(x.detach())  # [..., K]
+    x = _narrow_float(x.detach() if x.requires_grad else x)  # [..., K]
     # Written for few ops (the executor runs this once per quantized GEMM input, decode is overhead-bound);
     # value for value the reference ``xf = x.float(); amax = xf.abs().amax(-1); inv = where(amax == 0, 0,
     # qmax / amax); q = clamp(round(xf * inv))`` (tested bit for bit): abs and max are exact in x's dtype, and
@@ -214,7 +214,7 @@ def quant_kv(t: torch.Tensor, qcfg: QuantConfig) -> tuple[torch.Tensor, torch.Te
         # ``q = round(clamp(tf * (1.0 / s)))``: ``1.0 / s`` is ``s.reciprocal() * 1.0`` in torch, exactly the
         # reciprocal; clamping to integer bounds commutes with rounding; abs/max are exact in t's dtype.
         qmax = int_qmax(qcfg.kv_bits)
-        td = _narrow_float(t.detach())
+        td = _narrow_float(t.detach() if t.requires_grad else t)
         s = td.abs().amax(dim=-1, keepdim=True).float().div_(float(qmax)).clamp_(min=KV_MIN_SCALE)  # [B, H, T, 1]
         v = torch.mul(td, s.reciprocal()).clamp_(-(qmax + 1), qmax)  # [B, H, T, D] fp32
         v = v.round_() if qcfg.kv_int8_store == "round" else v.trunc_()
