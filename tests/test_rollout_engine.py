@@ -345,3 +345,21 @@ def test_scored_logprobs_equal_the_full_computation():
     g_full = torch.autograd.grad(full[scored].sum(), model.model.embed_tokens.weight)[0]
     g_part = torch.autograd.grad(part[scored].sum(), model.model.embed_tokens.weight)[0]
     torch.testing.assert_close(g_part, g_full, rtol=1e-5, atol=1e-6)
+
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_exponential_race_equals_the_serial_loop(inference):
+    """The rows of the race drawn in parallel threads are the numbers a serial loop over the generators draws."""
+    from interq.rollout.sampling import exponential_race
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode(inference):
+            got = exponential_race([torch.Generator().manual_seed(s) for s in range(7)], 300)  # [7, 300]
+        ref = torch.stack([torch.empty(300).exponential_(1.0, generator=torch.Generator().manual_seed(s)) for s in range(7)])
+        assert torch.equal(got, ref)
+        assert not torch.equal(got[0], got[1])
+    finally:
+        torch.set_num_threads(threads)

@@ -37,7 +37,12 @@ CacheFactory = Callable[[Any], Cache]
 
 
 def dynamic_cache_factory(model_config: Any) -> Cache:
-    """The default cache: transformers' ``DynamicCache`` (full precision, grows by concatenation)."""
+    """The default cache: transformers' ``DynamicCache`` (full precision, grows by concatenation).
+
+    Measured and not kept (2026-12-01): a layer appending in place into spare capacity (keys/values as views of a
+    larger buffer) removed the concatenation but made the CPU flash-attention kernel several times slower on the
+    strided views (SmolLM2, batch 16): no net gain. ``docs/benchmarks.md``, rollout engine.
+    """
     return DynamicCache(config=model_config) if model_config is not None else DynamicCache()
 
 
@@ -236,9 +241,11 @@ class EpisodeBatch:
         reason: dict[int, str] = {}
         stops = set(self.sampling.stop_token_ids)
         for _ in range(self.sampling.max_action_tokens):
-            rows = torch.tensor([row_of[ep] for ep in active], device=logits.device)
+            rows = [row_of[ep] for ep in active]
             gens = [self.episodes[ep].generator for ep in active]
-            tokens, lps = sample_tokens(logits.index_select(0, rows), self.sampling, gens)  # [A], [A]
+            if rows != list(range(logits.shape[0])):  # only some cache rows sample: take theirs
+                logits = logits.index_select(0, torch.tensor(rows, device=logits.device))  # [A, V]
+            tokens, lps = sample_tokens(logits, self.sampling, gens)  # [A], [A]
             still = []
             for ep, tok, lp in zip(active, tokens.tolist(), lps.tolist()):
                 e = self.episodes[ep]
