@@ -369,3 +369,26 @@ def test_torn_metrics_line_resumes_without_a_lost_or_duplicated_step(full_run, t
     assert [r["step"] for r in resumed] == [0, 1, 2]
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
     assert _strip(resumed) == _strip(recs)
+
+
+def test_a_finished_run_kept_without_its_checkpoints_is_reused_not_trained_again(full_run, tmp_path, capsys):
+    """A study's run directories kept as records only (config, provenance, metrics; no checkpoints) count as
+    finished when their records reach train.steps: a rerun returns them and trains nothing; records that stop short
+    start over as before."""
+    full, policy, recs = full_run
+    run = tmp_path / "run"
+    shutil.copytree(full, run)
+    shutil.rmtree(run / "checkpoints")
+    before = (run / "metrics.jsonl").read_bytes()
+    again = _rerun(run, policy)
+    assert "finished, reused as it is" in capsys.readouterr().err
+    assert again == read_jsonl(run / "metrics.jsonl") and (run / "metrics.jsonl").read_bytes() == before
+    assert not (run / "checkpoints").exists()  # nothing was trained or saved
+    short = tmp_path / "short"
+    shutil.copytree(full, short)
+    shutil.rmtree(short / "checkpoints")
+    lines = (short / "metrics.jsonl").read_text().splitlines()
+    (short / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")  # steps 0 and 1 of 2
+    redone = _rerun(short, policy)
+    assert "reused" not in capsys.readouterr().err
+    assert [r["step"] for r in redone] == [0, 1, 2] and _strip(redone) == _strip(recs)  # trained again from step 0

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -382,6 +383,16 @@ def step_tasks(train_tasks, cfg: RunConfig, step: int):
 # ---------------------------------------------------------------------------------------------- the loop
 
 
+def _finished_records(run_dir: Path, t) -> list[dict] | None:
+    """The run's step records when they are exactly those of a finished run (step 0 when evaluated, then 1 ..
+    ``train.steps``, each once), else None."""
+    from interq.train.logging import read_jsonl
+
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    expected = ([0] if t.eval_every_steps else []) + list(range(1, t.steps + 1))
+    return records if [r.get("step") for r in records] == expected else None
+
+
 def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train_tasks, eval_tasks,
           *, resume: bool = True, start_policy: dict | None = None) -> list[dict]:
     """Run ``cfg.train.steps`` RL steps from the given (warm-started) policy; returns the step records.
@@ -417,6 +428,11 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
         start = ck["step"]
         executor.sync(model)
     else:
+        finished = _finished_records(run_dir, t) if resume and not (run_dir / "checkpoints").exists() else None
+        if finished is not None:  # e.g. a study's records kept in git without their checkpoints: nothing to run
+            print(f"[resume] {run_dir}: its records reach train.steps={t.steps} and it keeps no checkpoint: "
+                  "finished, reused as it is", file=sys.stderr)
+            return finished
         discard_checkpoints(run_dir)  # started over: no checkpoint of an earlier attempt can be resumed later
     logger = RunLogger(run_dir, progress_total=t.steps, progress=t.progress, tensorboard=t.tensorboard,
                        desc=cfg.name, start=start)
