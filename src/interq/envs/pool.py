@@ -148,17 +148,8 @@ class BatchPool:
             for i in todo:
                 if not self._slots[i].healthy:
                     self._restart(i)
-            handles: dict[int, Any] = {}
-            failed: dict[int, str] = {}
-            for i in todo:
-                if not self._slots[i].healthy:
-                    failed[i] = "worker could not be restarted"
-                    continue
-                handle, err = self._submit(i, "reset", tasks[i])
-                if err:
-                    failed[i] = err
-                else:
-                    handles[i] = handle
+            failed = {i: "worker could not be restarted" for i in todo if not self._slots[i].healthy}
+            handles = self._submit_all("reset", {i: tasks[i] for i in todo if i not in failed}, failed)
             for i, (ok, payload) in self._wait(handles, self.reset_timeout_s).items():
                 if ok:
                     out[i] = payload
@@ -190,19 +181,11 @@ class BatchPool:
                 raise EpisodeError(f"step_batch: slot {i} has no running episode (never reset, or it ended); "
                                    "reset it or pass None")
         out: list[StepResult | None] = [None] * self.num_envs
-        handles: dict[int, Any] = {}
-        failed: dict[int, str] = {}
-        for i, a in enumerate(actions):
-            if a is None:
-                continue
-            if self._slots[i].lost is not None:  # its worker was lost earlier: this is where that is reported
-                failed[i] = self._slots[i].lost
-                continue
-            handle, err = self._submit(i, "step", a)
-            if err:
-                failed[i] = err
-            else:
-                handles[i] = handle
+        # a slot whose worker was lost earlier is reported here, with the reason recorded then
+        failed = {i: self._slots[i].lost for i, a in enumerate(actions)
+                  if a is not None and self._slots[i].lost is not None}
+        handles = self._submit_all("step", {i: a for i, a in enumerate(actions)
+                                            if a is not None and i not in failed}, failed)
         for i, (ok, payload) in self._wait(handles, self.step_timeout_s).items():
             if ok:
                 out[i] = payload
@@ -210,7 +193,7 @@ class BatchPool:
                     self._slots[i].active = False
             else:
                 failed[i] = payload
-        for i, reason in failed.items():
+        for i, reason in sorted(failed.items()):
             task = self._slots[i].task
             if self._slots[i].lost is None:
                 self._fail(i, reason)
@@ -218,6 +201,17 @@ class BatchPool:
                 self._kill(i)   # already recorded in failures when it was lost
             out[i] = self.failure_result(task, reason)
         return out
+
+    def _submit_all(self, method: str, args: dict[int, Any], failed: dict[int, str]) -> dict[int, Any]:
+        """Submit ``method(args[i])`` to each slot i; returns the handles, and records submit errors in ``failed``."""
+        handles: dict[int, Any] = {}
+        for i, arg in args.items():
+            handle, err = self._submit(i, method, arg)
+            if err:
+                failed[i] = err
+            else:
+                handles[i] = handle
+        return handles
 
     @staticmethod
     def failure_result(task: TaskSpec | None, reason: str) -> StepResult:
