@@ -225,3 +225,23 @@ def test_compare_checks_every_arm_before_the_warm_start(tmp_path, capsys):
     assert (out / "warm_start" / "model.safetensors").stat().st_mtime_ns == ws_stamp
     assert len(list(out.glob("bf16-s0.stale-*"))) == 1 and len(list(out.glob("q-interq-s0.stale-*"))) == 1
     assert yaml.safe_load((out / "q-interq-s0" / "config.yaml").read_text())["algo"]["budget"] == 0.25
+
+
+def test_saves_cut_by_a_kill_are_pruned_but_live_ones_kept(tmp_path, capsys):
+    """A warm start killed while saving leaves ``.warm_start.PID.xxxx`` beside it; the next finished save removes
+    those of dead processes, keeps one a live process is still writing, and never touches other names."""
+    import os
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftovers = {"dead": tmp_path / f".warm_start.{dead.pid}.abc123", "live": tmp_path / f".warm_start.{os.getppid()}.x",
+                 "legacy": tmp_path / ".warm_start.k3j2", "other": tmp_path / f".warm_starter.{dead.pid}.y"}
+    for p in leftovers.values():
+        p.mkdir()
+        (p / "model.safetensors").write_bytes(b"partial")
+    rc, _ = _cli(capsys, ["sft", "--preset", "q-interq", "--out", str(tmp_path / "warm_start"), *TOY])
+    assert rc == 0 and (tmp_path / "warm_start" / "policy_summary.json").is_file()
+    assert not leftovers["dead"].exists()
+    assert all(leftovers[k].exists() for k in ("live", "legacy", "other"))
+    assert not [p for p in tmp_path.glob(f".warm_start.{os.getpid()}.*")]  # the finished save's own temp is gone

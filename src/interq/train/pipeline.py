@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -29,7 +31,6 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, 
     :class:`~interq.train.provenance.StaleResultError` before any work, or with ``fresh`` it is moved aside and
     made again.
     """
-    import os
     import tempfile
 
     from interq.train.build import (agent_render, chat_format, collect_demos, demo_answer, demo_rows, demo_texts,
@@ -80,15 +81,44 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, 
         summary.update(run_sft(model, rows, w, fmt.pad_token_id, progress))
     summary["seconds"] = time.perf_counter() - t0
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    save_policy(model, tokenizer, tmp)
-    save_config(cfg, tmp / "run_config.yaml")
-    write_warm_start_provenance(cfg, tmp)
-    (tmp / "policy_summary.json").write_text(json.dumps(summary, indent=1))
-    if out_dir.exists():
-        out_dir.rmdir()  # only an empty directory is left here (settle refused or moved anything else)
-    os.replace(tmp, out_dir)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.{os.getpid()}."))
+    try:
+        save_policy(model, tokenizer, tmp)
+        save_config(cfg, tmp / "run_config.yaml")
+        write_warm_start_provenance(cfg, tmp)
+        (tmp / "policy_summary.json").write_text(json.dumps(summary, indent=1))
+        if out_dir.exists():
+            out_dir.rmdir()  # only an empty directory is left here (settle refused or moved anything else)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune_abandoned_saves(out_dir)
     return out_dir, summary
+
+
+def prune_abandoned_saves(out_dir: Path) -> list[Path]:
+    """Remove what warm-start saves into ``out_dir`` killed mid-write left beside it (``.NAME.PID.xxxx``, written
+    by a process that no longer runs); a save still in progress in another live process is left alone."""
+    removed = []
+    for p in out_dir.parent.glob(f".{out_dir.name}.*.*"):
+        pid = p.name[len(out_dir.name) + 2:].split(".", 1)[0]
+        if p.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours: this save is finished
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | None = None, *, resume: bool = True,
