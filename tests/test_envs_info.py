@@ -68,6 +68,28 @@ def test_household_info_of_given_worlds():
     assert info["task_types"]["train"] == {"pick_and_place": 1, "look_at_obj_in_light": 1}
 
 
+@pytest.mark.alfworld
+def test_alfworld_info(tmp_path):
+    pytest.importorskip("alfworld", reason="could not import 'alfworld' (extra interq[alfworld])")
+    from importlib.metadata import version
+
+    from interq.envs.household import generate_world
+
+    sizes = {"train": 13, "valid_seen": 4, "valid_unseen": 7}
+    env = make_env("alfworld", source="generated", seed=2, split_sizes=sizes, cache_dir=tmp_path)
+    info = env.info()
+    assert info["env"] == "alfworld" and "TextWorld" in info["engine"]
+    assert info["version"] == f"alfworld {version('alfworld')}, textworld {version('textworld')}"
+    assert (info["source"], info["seed"], info["source_reason"]) == ("generated", 2, "source='generated'")
+    assert (info["max_steps"], info["success_reward"], info["expert"]) == (50, 10.0, True)
+    _check_splits(info, env, ("train", "valid_seen", "valid_unseen"))  # the types from the index = the games' own
+    assert info["task_types"]["train"]["pick_and_place"] == 3 and len(info["task_types"]["valid_seen"]) == 4
+    worlds = [generate_world("valid_unseen", 2), generate_world("train", 0), generate_world("train", 7)]
+    given = make_env("alfworld", worlds=worlds, cache_dir=tmp_path).info()
+    assert given["source"] == "worlds" and "seed" not in given and given["split_sizes"] == {"valid_unseen": 1, "train": 2}
+    json.dumps(given)
+
+
 @pytest.mark.parametrize("name, kwargs, split", [
     ("household", {"split_sizes": {"train": 6}}, "train"),
     ("household", {"size": "small", "shuffle_actions": True}, "valid_unseen"),

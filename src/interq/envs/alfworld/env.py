@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Iterable
 
 from ..._optional import require
-from ..base import EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, extract_tagged_action, resolve_split_sizes
+from ..base import (EpisodeError, Observation, ParsedAction, StepResult, TaskSpec, UnknownTaskError, describe_splits,
+                    extract_tagged_action, resolve_split_sizes)
 from ..household.world import ALFRED_TASK_TYPE, HouseholdWorld
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -186,12 +187,34 @@ class AlfworldEnv:
         self._done = False
 
     def info(self) -> dict:
-        """What this env plays, for the run's records: the game source and why it was chosen."""
-        out = {"env": self.name, "source": self.source, "source_reason": self.source_reason}
+        """What this env plays, for the run's records (``env_info.json``; the warm start's ``policy_summary.json``):
+        the engine and its versions, the game source and why it was chosen, each split's size and task types, and
+        the episode settings. Generated games' types follow from their index (``TASK_TYPES[index % 6]``, nothing
+        is generated here); official games are listed (one ``traj_data.json`` read per game, once per env)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        def _version(package: str) -> str:
+            try:
+                return f"{package} {version(package)}"
+            except PackageNotFoundError:  # pragma: no cover - imported in __init__, so installed
+                return f"{package} unknown"
+
+        out = {"env": self.name, "engine": "ALFWorld's TextWorld engine (PDDL games)",
+               "version": f"{_version('alfworld')}, {_version('textworld')}",
+               "source": self.source, "source_reason": self.source_reason}
         if self.source == "official":
             out["data_path"] = str(self._official)
-        elif self.source == "generated":
-            out.update(seed=self.seed, split_sizes=dict(self.split_sizes))
+        if self.source == "generated":
+            from .layouts import TASK_TYPES
+
+            out.update(seed=self.seed, split_sizes=dict(self.split_sizes), task_types={})
+            for split, n in self.split_sizes.items():
+                counts = {t: len(range(i, n, len(TASK_TYPES))) for i, t in enumerate(TASK_TYPES)}
+                out["task_types"][split] = {t: c for t, c in counts.items() if c}
+        else:
+            splits = SPLITS if self.source == "official" else dict.fromkeys(w.split for w in self._worlds.values())
+            out.update(describe_splits(self, list(splits)))
+        out.update(max_steps=self.max_steps, success_reward=self.success_reward, expert=self.expert)
         return out
 
     # ---- tasks -----------------------------------------------------------------------------
