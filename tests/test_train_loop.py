@@ -176,3 +176,84 @@ def test_run_stops_cleanly_after_repeated_nonfinite_steps(policy_dir, tmp_path, 
     assert "2 steps in a row" in err and "max_nonfinite_steps" in err
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2] and all(r["optim/nonfinite_steps"] == 1 for r in recs)
+
+
+def _poison(monkeypatch, batch, which):
+    """The learner's log-prob of the first action token of the rows ``which`` becomes -inf (as top_p < 1 does when
+    the learner's nucleus leaves out the sampled token), in every learner forward."""
+    from interq.train import rl
+
+    first = batch.action_mask.float().argmax(-1)  # [B]
+    real = rl.learner_logprobs
+
+    def poisoned(model, mb, b, *args, **kw):
+        out = real(model, mb, b, *args, **kw)
+        hit = torch.zeros(out.shape, dtype=torch.bool)
+        for j, r in enumerate(mb["idx"].tolist()):
+            if r in which:
+                hit[j, first[r]] = True
+        return torch.where(hit, float("-inf"), out)
+
+    monkeypatch.setattr(rl, "learner_logprobs", poisoned)
+
+
+@pytest.mark.parametrize("arm, extra", [("q-tis", CONCAT), ("q-interq", []), ("q-interq", ["algo.loss_agg=token_mean"])])
+def test_skipped_proximal_pass_equals_the_pass(policy_dir, arm, extra, monkeypatch):
+    """Skipping the proximal pass (1 epoch, 1 mini-batch) is the same update as running it, also when a learner
+    log-prob is not finite: the loss stays a mean over the tokens (sequences) actually kept."""
+    from interq.train import rl
+
+    cfg, model, ex, batch = _setup(arm, policy_dir, extra)
+    m1, r1 = _update(cfg, model, ex, batch)
+    assert r1["learner/proximal_pass_skipped"] is True
+    with monkeypatch.context() as mp:
+        mp.setattr(rl, "skips_proximal_pass", lambda a: False)
+        m2, r2 = _update(cfg, model, ex, batch)
+    assert r2["learner/proximal_pass_skipped"] is False
+    assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], rel=1e-5, abs=1e-7)
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # now with non-finite learner log-probs on two rows
+    _poison(monkeypatch, batch, {0, 1})
+    m3, r3 = _update(cfg, model, ex, batch)
+    monkeypatch.setattr(rl, "skips_proximal_pass", lambda a: False)
+    m4, r4 = _update(cfg, model, ex, batch)
+    assert r3["optim/steps"] == r4["optim/steps"] == 1 and r3["weights/keep_frac"] < 1.0
+    assert r3["loss/policy"] == pytest.approx(r4["loss/policy"], rel=1e-5, abs=1e-7)
+    for p, q in zip(m3.parameters(), m4.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("arm, extra", [("q-tis", CONCAT), ("q-interq", ["algo.budget=inf"]), ("q-interq", ["algo.budget=inf", "algo.ppo_epochs=2"])])
+def test_weights_reaching_the_loss(policy_dir, arm, extra, monkeypatch):
+    """What the trainer hands ppo_loss: behavior = learner - 0.3 on every action token, so delta = +0.3 and the token
+    weight is min(exp(0.3), C) times exp(Lambda), Lambda = 0.3 x (earlier action tokens of the trajectory) with no
+    budget; a swapped argument (exp(-0.3)) or a history including the current turn fails."""
+    from interq.algo import loss as loss_mod
+    from interq.train import rl
+
+    cfg, model, ex, batch = _setup(arm, policy_dir, extra)
+    learner = rl.Learner(copy.deepcopy(model), cfg, ex.qcfg)
+    with torch.no_grad():
+        lp = learner.logprobs(rl._rows(batch, list(range(batch.input_ids.shape[0]))), batch)
+    batch.behavior_logprobs = torch.where(batch.action_mask, lp - 0.3, batch.behavior_logprobs)
+    seen = []
+    real = loss_mod.ppo_loss
+
+    def spy(current, proximal, adv, weights, keep, **kw):
+        seen.append((weights.detach().clone(), keep.clone()))
+        return real(current, proximal, adv, weights, keep, **kw)
+
+    monkeypatch.setattr(loss_mod, "ppo_loss", spy)
+    _update(cfg, model, ex, batch)
+    assert seen
+    tis = min(torch.exp(torch.tensor(0.3)).item(), cfg.algo.tis_cap)
+    for w, k in seen:
+        kept = w[k]
+        if cfg.algo.correction == "tis":
+            torch.testing.assert_close(kept, torch.full_like(kept, tis), rtol=1e-4, atol=1e-5)
+        else:  # interq without budget: the whole history's delta, each earlier token 0.3 (s = 1: equal deltas)
+            assert kept.min() == pytest.approx(tis, rel=1e-4)  # a first turn: no history
+            assert kept.max() > tis * 1.3  # later turns carry exp(0.3 x earlier action tokens)
+            ratio = torch.log(kept / tis) / 0.3  # = number of earlier action tokens: an integer
+            torch.testing.assert_close(ratio, ratio.round(), rtol=0, atol=1e-3)

@@ -274,6 +274,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
             total_seqs = len({batch.row_episode[r] for r, any_kept in zip(rows_mb, kept.any(-1).tolist()) if any_kept})
             learner.optimizer.zero_grad(set_to_none=True)
             mb_loss = 0.0
+            kept_tokens, kept_seqs = 0, set()  # what the correction really kept (skip: known only after the forward)
             for rows in micro_batches(batch, rows_mb, t.tokens_per_microbatch):
                 mb = _rows(batch, rows)
                 current = learner.logprobs(mb, batch)  # [b, l]
@@ -293,6 +294,20 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
                 stats["loss/clip_frac"] += m["ppo/clip_frac"] * int(k.sum())
                 mb_loss += float(loss.detach())
                 n_tok += int(k.sum())
+                kept_tokens += int(k.sum())
+                kept_seqs.update(batch.row_episode[r] for r, any_kept in zip(mb["idx"].tolist(), k.any(-1).tolist())
+                                 if any_kept)
+            if skip:
+                # the denominators were counted before the forward, from the behavior log-probs; a learner log-prob
+                # that is not finite (top_p < 1 excluding the sampled token, an overflow) drops its token as well:
+                # rescale so the loss is still a mean over the tokens (sequences) actually kept
+                real = kept_tokens if a.loss_agg == "token_mean" else len(kept_seqs)
+                counted = total_tokens if a.loss_agg == "token_mean" else total_seqs
+                if real != counted and real > 0:
+                    for prm in model.parameters():
+                        if prm.grad is not None:
+                            prm.grad.mul_(counted / real)
+                    mb_loss *= counted / real
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf)
             stats["loss/policy"] += mb_loss
             if not (math.isfinite(mb_loss) and math.isfinite(float(gn))):
