@@ -224,7 +224,8 @@ def test_skipped_proximal_pass_equals_the_pass(policy_dir, arm, extra, monkeypat
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("arm, extra", [("q-tis", CONCAT), ("q-interq", ["algo.budget=inf"]), ("q-interq", ["algo.budget=inf", "algo.ppo_epochs=2"])])
+@pytest.mark.parametrize("arm, extra", [("q-tis", CONCAT), ("q-interq", ["algo.budget=inf"]), ("q-interq", ["algo.budget=inf", "algo.ppo_epochs=2"]),
+                                        ("q-interq", ["algo.budget=inf", "algo.token_correction=false"])])
 def test_weights_reaching_the_loss(policy_dir, arm, extra, monkeypatch):
     """What the trainer hands ppo_loss: behavior = learner - 0.3 on every action token, so delta = +0.3 and the token
     weight is min(exp(0.3), C) times exp(Lambda), Lambda = 0.3 x (earlier action tokens of the trajectory) with no
@@ -247,7 +248,7 @@ def test_weights_reaching_the_loss(policy_dir, arm, extra, monkeypatch):
     monkeypatch.setattr(loss_mod, "ppo_loss", spy)
     _update(cfg, model, ex, batch)
     assert seen
-    tis = min(torch.exp(torch.tensor(0.3)).item(), cfg.algo.tis_cap)
+    tis = min(torch.exp(torch.tensor(0.3)).item(), cfg.algo.tis_cap) if cfg.algo.token_correction else 1.0
     for w, k in seen:
         kept = w[k]
         if cfg.algo.correction == "tis":

@@ -144,6 +144,7 @@ class AlgoConfig:
     geo_high: float = 1.1
     prefix_cap: float = 2.0
     normalize: bool = False
+    token_correction: bool = True       # false: the methods' token factor is 1 (e.g. interq = exp(Lambda) alone; spec §3)
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
     loss_agg: str = "token_mean"        # token_mean | seq_mean_token_mean (a sequence = one trajectory, in both layouts)

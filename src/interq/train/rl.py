@@ -230,7 +230,8 @@ def correction_config(a: AlgoConfig):
     from interq.algo.corrections import CorrectionConfig
 
     return CorrectionConfig(budget=a.budget, tis_cap=a.tis_cap, icepop_bounds=(a.icepop_low, a.icepop_high),
-                            geo_bounds=(a.geo_low, a.geo_high), prefix_cap=a.prefix_cap, normalize=a.normalize)
+                            geo_bounds=(a.geo_low, a.geo_high), prefix_cap=a.prefix_cap, normalize=a.normalize,
+                            token_correction=a.token_correction)
 
 
 def skips_proximal_pass(a: AlgoConfig) -> bool:
