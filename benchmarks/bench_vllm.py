@@ -26,8 +26,11 @@ core to its front-end process and computes on the other).
 
 The last line is ``RESULT {json}``: ``ours_over_vllm_w8a8`` (our W8A8-KV8 / vLLM W8A8 decode tok/s),
 ``ours_bf16_over_vllm_bf16``, ``vllm_w8a8_over_bf16``, ``int8_over_bf16_decode_bs16`` (ours W8A8-KV8 / ours bf16,
-this file's method), every arm's tokens/s, greedy agreement of the first tokens with our bf16 arm, ``vllm_status``
-(``ok`` or why not) and the machine record (``interq.machine.machine_info()``, ``load_avg_end``).
+this file's method), every arm's tokens/s, greedy agreement of the first tokens with our bf16 arm and with HF fp32
+greedy (``greedy_agreement_with_hf_fp32``), where each arm leaves our bf16 arm with the fp32 logit margin between the
+two choices there (``divergence_fp32_margins``: bf16 logits near 16-32 are 0.125 apart, so two bf16 implementations
+flip near-ties; a margin of a fraction of that is such a flip, not a bug), ``vllm_status`` (``ok`` or why not) and
+the machine record (``interq.machine.machine_info()``, ``load_avg_end``).
 """
 
 from __future__ import annotations
@@ -154,6 +157,46 @@ def agreement(a: list[list[int]] | None, b: list[list[int]] | None, k: int = 8) 
                 break
             same += 1
     return round(same / total, 3) if total else None
+
+
+def fp32_greedy(model, prompts: list[list[int]], k: int = 8) -> list[list[int]]:
+    """Greedy ``k`` tokens per prompt from the fp32 HF model, one unpadded prompt at a time: the reference that tells
+    which side of a bf16 disagreement is off (bf16 logits near 16-32 are spaced 0.125 apart, so two bf16 paths that
+    round differently flip near-ties; see ``divergence_margins``)."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            g = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=k, min_new_tokens=k,
+                               do_sample=False, pad_token_id=0)
+            out.append(g[0, len(p):].tolist())
+    return out
+
+
+def divergence_margins(model, prompts: list[list[int]], a: list[list[int]] | None, ref: list[list[int]] | None,
+                       k: int = 8) -> list[dict]:
+    """Where greedy run ``a`` first leaves ``ref`` within ``k`` tokens: the fp32 model's logits for both choices after
+    the common prefix. ``margin`` = fp32 logit of ``ref``'s token minus ``a``'s (> 0: fp32 sides with ``ref``);
+    ``top2_gap`` = the fp32 gap between its best two tokens there. A margin of a fraction of a bf16 step (0.125 at
+    these logits) is a near-tie that any change of bf16 rounding can flip, not a numerics bug."""
+    import torch
+
+    rows = []
+    if not a or not ref:
+        return rows
+    with torch.no_grad():
+        for r, (p, x, y) in enumerate(zip(prompts, a, ref)):
+            i = next((j for j in range(min(k, len(x), len(y))) if x[j] != y[j]), None)
+            if i is None:
+                continue
+            logits = model(torch.tensor([p + y[:i]])).logits[0, -1].float()
+            top = logits.topk(2).values
+            rows.append({"row": r, "step": i, "ref": y[i], "other": x[i],
+                         "margin": round(float(logits[y[i]] - logits[x[i]]), 4),
+                         "top2_gap": round(float(top[0] - top[1]), 4)})
+    return rows
 
 
 def find_vllm_python(arg: str | None) -> tuple[str | None, str]:
@@ -288,15 +331,28 @@ def main() -> None:
     measure_ours(args.rounds // 2 if args.rounds > 1 else 1)
     load_ours_end = load_avg()
 
+    # fp32 reference for the agreement columns: which side of a bf16 disagreement is off (see divergence_margins)
+    learner32, _ = load_smollm2(torch.float32)
+    tokens["hf_fp32"] = fp32_greedy(learner32, prompts, min(8, n))
+    margins = {k: divergence_margins(learner32, prompts, tokens[k], tokens["ours_bf16"])
+               for k in tokens if k not in ("ours_bf16", "hf_fp32")}
+    del learner32
+
     speed = {k: decode_tok_s(t1s[k], tns[k], b, n) for k in t1s}
     prefill = {k: round(statistics.median(t1s[k]), 3) for k in t1s}
 
     def ratio(a: str, c: str):
         return round(speed[a] / speed[c], 3) if a in speed and c in speed else None
 
-    print(f"\n{'arm':20s} {'decode tok/s':>12s} {'t(1 token) s':>13s} {'greedy agree w/ ours_bf16':>26s}")
+    print(f"\n{'arm':20s} {'decode tok/s':>12s} {'t(1 token) s':>13s} {'greedy agree w/ ours_bf16':>26s} "
+          f"{'w/ hf_fp32':>10s}")
     for k in speed:
-        print(f"{k:20s} {speed[k]:12.1f} {prefill[k]:13.3f} {str(agreement(tokens.get(k), tokens.get('ours_bf16'))):>26s}")
+        print(f"{k:20s} {speed[k]:12.1f} {prefill[k]:13.3f} {str(agreement(tokens.get(k), tokens.get('ours_bf16'))):>26s} "
+              f"{str(agreement(tokens.get(k), tokens.get('hf_fp32'))):>10s}")
+    for k, rows in margins.items():
+        if rows:
+            print(f"{k} leaves ours_bf16 at (row, step, fp32 margin ours - theirs, fp32 top-2 gap): "
+                  + ", ".join(f"({d['row']}, {d['step']}, {d['margin']:+.3f}, {d['top2_gap']:.3f})" for d in rows))
     machine["load_avg_end"] = load_avg()
     result = {
         "model": "smollm2-135m-instruct", "batch": b, "new_tokens": n, "rounds": args.rounds, "threads": args.threads,
@@ -312,6 +368,8 @@ def main() -> None:
         "int8_over_bf16_decode_bs16": ratio("ours_w8a8_kv8", "ours_bf16"),
         "ours_w8a8_bf16kv_over_vllm_w8a8": ratio("ours_w8a8_bf16kv", "vllm_w8a8"),
         "greedy_agreement_with_ours_bf16": {k: agreement(tokens.get(k), tokens.get("ours_bf16")) for k in tokens},
+        "greedy_agreement_with_hf_fp32": {k: agreement(tokens.get(k), tokens.get("hf_fp32")) for k in tokens},
+        "divergence_fp32_margins": margins,
         "row0_first_tokens": {k: v[0][:8] for k, v in tokens.items() if v},
         "vllm": {k: {kk: v for kk, v in r.items() if kk not in ("tokens",)} for k, r in vllm.items()},
         "load_avg_ours": [load_ours_start, load_ours_end],
