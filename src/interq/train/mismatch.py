@@ -292,7 +292,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--fresh", action="store_true", help="move a warm start in --out that was made from other inputs "
                    "aside to <dir>.stale-<time> and make it again (default: stop and name every differing field)")
     p.add_argument("--setting", default="none", choices=sorted(SETTINGS), help="built-in overrides applied first, as "
-                   "in interq compare: demo (the demo's settings), study (the comparison study's), none (default)")
+                   "in interq compare: demo (the demo's settings), study (the comparison study's: text actions), "
+                   "study-index (its first setting: the action's number), none (default)")
     p.add_argument("--regime", default=None, choices=sorted(REGIMES), help="the executor regime of interq compare, "
                    "applied after --setting: natural (the preset's W8A8-KV8) or matched (W4A4-KV4); default: none")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. rollout.kv_format=fp8_per_token_head")
