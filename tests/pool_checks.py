@@ -6,6 +6,7 @@ timeout is a few seconds."""
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 
@@ -92,3 +93,22 @@ def check_programming_errors(pool) -> None:
         pool.reset_batch([None, TaskSpec(env="household", task_id="train-99999", split="train")])
     pool.reset_batch([pool.tasks("train")[0]])                   # pool still usable
     assert pool.step_batch(["look", None, None])[0].info["valid_action"]
+
+
+def die_once_then_household(marker: str):
+    """An env_fn whose first call kills its own process (a worker lost at start, as under memory or load pressure,
+    before it can report anything); later calls build the household env. ``marker``: a path, created by the first call."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(1)
+    return HOUSEHOLD()
+
+
+def check_worker_lost_at_start_is_started_again(pool_cls, tmp_path) -> None:
+    pool = pool_cls(functools.partial(die_once_then_household, str(tmp_path / "died")), num_envs=1)
+    try:
+        assert pool.restarts == [1] and "worker died" in pool.failures[0][1]
+        obs = pool.reset_batch(pool.tasks("train")[:1])
+        assert obs[0] is not None
+    finally:
+        pool.close()

@@ -66,3 +66,9 @@ def test_fault_injection_at_a_given_step_of_a_task():
         p.reset_batch([tasks[2], tasks[2], tasks[2]])         # replaced workers; the faults follow the task only
         assert all(r.info["valid_action"] for r in p.step_batch(["look"] * 3) + p.step_batch(["look"] * 3))
         assert p.restarts[:2] == [1, 1]
+
+
+def test_a_worker_lost_at_start_is_started_again(tmp_path):
+    from pool_checks import check_worker_lost_at_start_is_started_again
+
+    check_worker_lost_at_start_is_started_again(EnvPool, tmp_path)

@@ -148,3 +148,14 @@ def test_interq_imports_without_ray_and_says_how_to_install_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "MISSING" in out.stdout and "pip install 'interq[ray]'" in out.stdout and "setup.sh ray" in out.stdout
+
+
+def test_an_actor_lost_at_start_is_started_again(ray, tmp_path):
+    import pool_checks
+    from interq.envs.ray_pool import RayEnvPool
+
+    ray.cloudpickle.register_pickle_by_value(pool_checks)  # the actors cannot import the tests' helper module
+    try:
+        pool_checks.check_worker_lost_at_start_is_started_again(RayEnvPool, tmp_path)
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(pool_checks)

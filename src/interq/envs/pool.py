@@ -91,10 +91,23 @@ class BatchPool:
         self._closed = False
         self._start(list(range(num_envs)))
         bad = [i for i in range(num_envs) if not self._slots[i].healthy]
+        # a worker that died before it could say why (its process lost under load: no build error, no timeout) gets
+        # one more start; an env that cannot be built or a start that timed out fails at once
+        lost = [i for i in bad if self._lost_at_start(i)]
+        if lost:
+            for i in lost:
+                self.restarts[i] += 1
+            self._start(lost)
+            bad = [i for i in range(num_envs) if not self._slots[i].healthy]
         if bad:
             reasons = [r for s, r in self.failures if s in bad]
             self.close()
             raise EnvPoolError(f"{self._unit} {bad} failed to start: {reasons[:1]}")
+
+    def _lost_at_start(self, i: int) -> bool:
+        reasons = [r for s, r in self.failures if s == i]
+        last = reasons[-1] if reasons else ""
+        return last.startswith("worker failed to start: worker died") and "could not be built" not in last
 
     # ---- transport hooks (see the class docstring) -----------------------------------------------
     def _start(self, slots: list[int]) -> None:
