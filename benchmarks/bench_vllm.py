@@ -151,12 +151,16 @@ def agreement(a: list[list[int]] | None, b: list[list[int]] | None, k: int = 8) 
         return None
     same = total = 0
     for x, y in zip(a, b):
-        for i in range(min(k, len(x), len(y))):
-            total += 1
-            if x[i] != y[i]:
-                break
-            same += 1
+        i = first_divergence(x, y, k)
+        compared = min(k, len(x), len(y)) if i is None else i + 1  # the divergent token counts, as disagreement
+        same += compared - (i is not None)
+        total += compared
     return round(same / total, 3) if total else None
+
+
+def first_divergence(x: list[int], y: list[int], k: int = 8) -> int | None:
+    """The first position < k where two greedy runs chose different tokens (None: they agree up to k)."""
+    return next((j for j in range(min(k, len(x), len(y))) if x[j] != y[j]), None)
 
 
 def fp32_greedy(model, prompts: list[list[int]], k: int = 8) -> list[list[int]]:
@@ -188,7 +192,7 @@ def divergence_margins(model, prompts: list[list[int]], a: list[list[int]] | Non
         return rows
     with torch.no_grad():
         for r, (p, x, y) in enumerate(zip(prompts, a, ref)):
-            i = next((j for j in range(min(k, len(x), len(y))) if x[j] != y[j]), None)
+            i = first_divergence(x, y, k)
             if i is None:
                 continue
             logits = model(torch.tensor([p + y[:i]])).logits[0, -1].float()

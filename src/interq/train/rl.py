@@ -292,12 +292,14 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
                                    eps_high=a.clip_eps_high, aggregation=a.loss_agg, num_tokens=total_tokens,
                                    num_seqs=total_seqs, seq_ids=mb["traj_id"])
                 loss.backward()
-                stats["loss/clip_frac"] += m["ppo/clip_frac"] * int(k.sum())
+                nk = int(k.sum())
+                stats["loss/clip_frac"] += m["ppo/clip_frac"] * nk
                 mb_loss += float(loss.detach())
-                n_tok += int(k.sum())
-                kept_tokens += int(k.sum())
-                kept_seqs.update(batch.row_episode[r] for r, any_kept in zip(mb["idx"].tolist(), k.any(-1).tolist())
-                                 if any_kept)
+                n_tok += nk
+                if skip:
+                    kept_tokens += nk
+                    kept_seqs.update(batch.row_episode[r] for r, any_kept in zip(mb["idx"].tolist(), k.any(-1).tolist())
+                                     if any_kept)
             if skip:
                 # the denominators were counted before the forward, from the behavior log-probs; a learner log-prob
                 # that is not finite (top_p < 1 excluding the sampled token, an overflow) drops its token as well:
