@@ -11,7 +11,8 @@ from a config):
     side by side (interleaved rounds, medians; also per CPU second of this process, ``*_cpu_time``, which moves
     less with other jobs' load), with the executor as built (fused q|k|v and gate|up GEMMs, ``auto`` backend) and
     its bit-identical variants: unfused (one QuantLinear per linear), a cache keeping its dequantized copy, the
-    ``torch._int_mm`` backend forced; and W8A8 with a bf16 cache (optionally HF ``generate``, ``--hf-generate``);
+    ``torch._int_mm`` backend forced, the executor without its fused CPU kernels (``interq.quant.kernels``); and
+    W8A8 with a bf16 cache (optionally HF ``generate``, ``--hf-generate``);
   - KV bytes per token over bf16; weight-sync seconds.
 The header and the RESULT line record the machine (``machine``: ``interq.machine.machine_info()`` at the start,
 ``load_avg_end`` at the end). ``--device cuda`` runs the models on a GPU (sampling draws stay on the CPU generator).
@@ -31,6 +32,7 @@ from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_toke
                           sync_weights)
 from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
 from interq.quant.testing import tiny_causal_lm
+from interq.quant import kernels
 
 PROMPTS = [
     "Write a short story about a robot learning to paint.",
@@ -163,6 +165,9 @@ def decode_speed(arms: dict, prompt_ids: list[int], batch: int, steps: int, roun
     cpu = {k: [] for k in arms}
     for _ in range(rounds):
         for name, (model, qcfg, *cache_kw) in arms.items():
+            opts = dict(cache_kw[0]) if cache_kw else {}
+            kernels.set_enabled(opts.pop("cpu_kernels", True))  # False: the executor's eager ops (same numbers)
+            cache_kw = [opts]
             if qcfg is None:  # HF generate on the learner, greedy, fixed length
                 t0, c0 = time.perf_counter(), time.process_time()
                 model.generate(input_ids=prompt, attention_mask=mask, max_new_tokens=steps + 1, min_new_tokens=steps + 1,
@@ -182,6 +187,7 @@ def decode_speed(arms: dict, prompt_ids: list[int], batch: int, steps: int, roun
             synchronize(dev)
             times[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
+    kernels.set_enabled(True)
     if cpu_times is not None:
         cpu_times.update({k: round(batch * steps / statistics.median(v), 2) for k, v in cpu.items()})
     return {k: round(batch * steps / statistics.median(v), 2) for k, v in times.items()}
@@ -204,7 +210,8 @@ def main() -> None:
     ap.add_argument("--speed-batches", default="1,16", help="decode batch sizes timed (comma-separated; 1 and 16 are "
                     "the RESULT's ratios)")
     ap.add_argument("--speed-arms", default="all", help="'all', or a comma-separated subset of the speed arms: bf16, "
-                    "w8a8_kv8, w8a8_bf16kv, w8a8_kv8_unfused, w8a8_kv8_keepdq, w8a8_kv8_int_mm")
+                    "w8a8_kv8, w8a8_bf16kv, w8a8_kv8_unfused, w8a8_kv8_keepdq, w8a8_kv8_int_mm, w8a8_kv8_eager (the "
+                    "executor without its fused CPU kernels)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -260,6 +267,7 @@ def main() -> None:
             "w8a8_kv8_unfused": lambda: (make_executor(learner, qcfg, fuse=False), qcfg),
             "w8a8_kv8_keepdq": lambda: (exe_q, qcfg, {"keep_dequantized": True}),
             "w8a8_kv8_int_mm": lambda: (make_executor(learner, qcfg, int8_backend="int_mm"), qcfg),
+            "w8a8_kv8_eager": lambda: (exe_q, qcfg, {"cpu_kernels": False}),
         }
         wanted = set(variants) | {"bf16", "w8a8_kv8"} if args.speed_arms == "all" else set(args.speed_arms.split(","))
         unknown = wanted - set(variants) - {"bf16", "w8a8_kv8"}
@@ -296,7 +304,8 @@ def main() -> None:
             for arm in arms:
                 if arm not in ("bf16", "hf_generate_bf16") and (arm, b) != ("w8a8_kv8", 16) and (arm, b) != ("w8a8_kv8", 1):
                     name = {"w8a8_kv8": "int8", "w8a8_bf16kv": "int8_bf16kv", "w8a8_kv8_int_mm": "int8_int_mm",
-                            "w8a8_kv8_unfused": "int8_unfused", "w8a8_kv8_keepdq": "int8_keepdq"}[arm]
+                            "w8a8_kv8_unfused": "int8_unfused", "w8a8_kv8_keepdq": "int8_keepdq",
+                            "w8a8_kv8_eager": "int8_eager"}[arm]
                     result[f"{name}_over_bf16_decode_bs{b}"] = round(speed[f"bs{b}"][arm] / speed[f"bs{b}"]["bf16"], 3)
         if not args.speed_only:
             result.update({

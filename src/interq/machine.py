@@ -77,7 +77,8 @@ def cpu_capability() -> dict:
 def machine_info(device: str | torch.device | None = None) -> dict:
     """Everything a benchmark's RESULT line records about where it ran (call at the start; add
     ``load_avg_end`` at the end). ``device``: where the measured work ran (for the int8 backend and GPU name)."""
-    from interq.quant.linear import resolve_int8_backend  # local: keeps this module light to import
+    from interq.quant import kernels  # local: keeps this module light to import
+    from interq.quant.linear import resolve_int8_backend
 
     dev = torch.device(device) if device is not None else torch.device("cpu")
     info = {
@@ -90,6 +91,9 @@ def machine_info(device: str | torch.device | None = None) -> dict:
         "device": str(dev),
         "int8_backend_auto": resolve_int8_backend("auto", dev),
     }
+    if dev.type == "cpu":  # the fused CPU kernels of the int8 executor (built here if they can be)
+        kernels.load()
+        info["cpu_kernels"] = kernels.status()
     if dev.type == "cuda" and torch.cuda.is_available():
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
         info["gpu"] = torch.cuda.get_device_name(idx)
@@ -103,6 +107,9 @@ def describe(info: dict) -> str:
     line = (f"{info.get('cpu')} ({info.get('cpu_class')}: {feats}; native bf16: {info.get('native_bf16')}), "
             f"{info.get('threads')} threads of {info.get('cpu_count')} CPUs, torch {info.get('torch')}, "
             f"load {info.get('load_avg_start')}, int8 backend auto = {info.get('int8_backend_auto')}")
+    if "cpu_kernels" in info:
+        k = info["cpu_kernels"]
+        line += f", fused CPU kernels: {'on' if k['loaded'] else 'off (' + str(k['reason']) + ')'}"
     if "gpu" in info:
         line += f", GPU {info['gpu']} (sm {info['gpu_capability']})"
     return line

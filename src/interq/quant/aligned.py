@@ -38,8 +38,9 @@ from torch import nn
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
+from interq.quant import kernels
 from interq.quant import primitives as P
-from interq.quant.config import QuantConfig
+from interq.quant.config import QuantConfig, int_qmax
 from interq.quant.executor import fused_group, quantized_targets
 from interq.quant.linear import check_experts_layout, experts_loop
 
@@ -104,6 +105,30 @@ def fq_weight_ste_cached(mod: nn.Module, name: str, w: torch.Tensor, qcfg: Quant
     return _CachedSTE.apply(w, hit[1])
 
 
+class _FakeQuantActSTE(torch.autograd.Function):
+    """:func:`P.fq_activation_ste` for int8 activations (half-even rounding) through the fused CPU kernel: the same
+    forward value bit for bit (the kernel adds the straight-through sum's ``+ 0``) and the same gradient, the
+    identity cast to x's dtype; one op instead of about twelve."""
+
+    @staticmethod
+    def forward(ctx, x, qmax):
+        ctx.x_dtype = x.dtype
+        fq = kernels.get().fake_quant_act_int8(x.detach().reshape(-1, x.shape[-1]), qmax)  # [M, K] fp32
+        return fq.view(*x.shape[:-1], x.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.x_dtype), None
+
+
+def fq_activation(x: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
+    """``P.fq_activation_ste(x, qcfg)`` (same value, same gradient), through the fused CPU kernel where it applies."""
+    if (kernels.get() is not None and qcfg.w_format == "int8" and qcfg.a_int8_rounding == "half_even"
+            and not x.is_cuda and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.numel()):
+        return _FakeQuantActSTE.apply(x, int_qmax(qcfg.a_bits))
+    return P.fq_activation_ste(x, qcfg)
+
+
 def clear_aligned_cache(model: nn.Module) -> None:
     """Drop the fake-quantized weights kept for ``model``'s modules (see the module docstring)."""
     for m in model.modules():
@@ -121,7 +146,7 @@ def aligned_linear_forward(mod: nn.Linear, qcfg: QuantConfig, group: list[nn.Lin
         w = fq_weight_ste_cached(mod, "weight", mod.weight, qcfg, amax, deps)  # [N, K] fp32
     else:
         w = P.fq_weight_ste(mod.weight, qcfg, amax())  # [N, K] fp32
-    xq = P.fq_activation_ste(x, qcfg)  # [..., K] fp32
+    xq = fq_activation(x, qcfg)  # [..., K] fp32
     y = nn.functional.linear(xq, w)  # [..., N] fp32
     if mod.bias is not None:
         y = y + mod.bias.to(x.dtype).float()
@@ -138,7 +163,7 @@ def aligned_experts_forward(mod: nn.Module, qcfg: QuantConfig, hidden_states, to
         dn = P.fq_weight_ste(mod.down_proj, qcfg)  # [E, H, I] fp32
 
     def gemm(w):
-        return lambda e, x: nn.functional.linear(P.fq_activation_ste(x, qcfg), w[e]).to(x.dtype)
+        return lambda e, x: nn.functional.linear(fq_activation(x, qcfg), w[e]).to(x.dtype)
 
     return experts_loop(hidden_states, top_k_index, top_k_weights, gu.shape[0], mod.act_fn, gemm(gu), gemm(dn))
 
@@ -151,6 +176,9 @@ def aligned(model: nn.Module, qcfg: QuantConfig, cache_weights: bool = True):
         raise TypeError(f"aligned: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
     if getattr(model, "_interq_aligned", False):
         raise RuntimeError("aligned: the model is already inside an aligned() context")
+    p0 = next(model.parameters(), None)
+    if p0 is not None and p0.device.type == "cpu":
+        kernels.load()  # the fused CPU kernels (same values, fewer ops); built once per machine
     patched: list[nn.Module] = []
     cfg = model.config
     old_attn = cfg._attn_implementation

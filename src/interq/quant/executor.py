@@ -20,6 +20,7 @@ import time
 import torch
 from torch import nn
 
+from interq.quant import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig
 from interq.quant.kv_cache import make_kv_cache
@@ -117,6 +118,10 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backen
     qcfg = QuantConfig() if qcfg is None else qcfg
     if not isinstance(qcfg, QuantConfig):
         raise TypeError(f"make_executor: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
+    if qcfg.quantizes_weights or qcfg.quantizes_kv:
+        p0 = next(model.parameters(), None)
+        if p0 is None or p0.device.type == "cpu":
+            kernels.load()  # the fused CPU kernels (same values, fewer ops); built once per machine, else eager ops
     exe = copy.deepcopy(model)
     exe.eval()
     exe.requires_grad_(False)

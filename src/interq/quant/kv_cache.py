@@ -21,8 +21,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
+from interq.quant import kernels
 from interq.quant import primitives as P
-from interq.quant.config import QuantConfig
+from interq.quant.config import QuantConfig, int_qmax
 
 
 class QuantKVLayer(DynamicLayer):
@@ -69,6 +70,11 @@ class QuantKVLayer(DynamicLayer):
         """(kq, ks, vq, vs): K and V quantized by ``quant_kv``; when they have the same shape and dtype, as one
         tensor [B, 2H, T, D] (per-token-head and per-layer scales act row by row or element by element, so the
         codes and scales are those of two separate calls, with half the ops)."""
+        k = kernels.get()
+        if k is not None and qcfg.kv_format == "int8_per_token_head" and not key_states.is_cuda:
+            # the fused CPU kernel, once per tensor: the same codes and scales in 2 ops instead of ~16
+            args = (int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round", P.KV_MIN_SCALE)
+            return (*k.quant_kv_int8(key_states.detach(), *args), *k.quant_kv_int8(value_states.detach(), *args))
         if key_states.shape != value_states.shape or key_states.dtype != value_states.dtype:
             return (*P.quant_kv(key_states, qcfg), *P.quant_kv(value_states, qcfg))
         h = key_states.shape[1]

@@ -20,8 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from interq.quant import kernels
 from interq.quant import primitives as P
-from interq.quant.config import QuantConfig
+from interq.quant.config import QuantConfig, int_qmax
 
 INT8_BACKENDS = ("auto", "int_mm", "fp32_exact")
 _FP32_EXACT_K = 1024  # 128 * 128 * 1024 = 2^24: every partial sum of int8 products is an exact fp32 integer
@@ -114,6 +115,35 @@ def epilogue_fp32(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias:
     return (s_a.double() * t.double() + bias.to(out_dtype).double()).float()
 
 
+def quant_act_int8(x2: torch.Tensor, rounding: str, a_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`primitives.quant_act_int8_token` through the fused CPU kernel where it is loaded (the same values,
+    one op instead of ~10: :mod:`interq.quant.kernels`), else the eager primitive. x2 [M, K] -> int8, fp32 [M, 1]."""
+    k = kernels.get()
+    if k is not None and rounding == "half_even" and not x2.is_cuda and not x2.requires_grad and x2.dim() == 2:
+        return tuple(k.quant_act_int8(x2, int_qmax(a_bits)))
+    return P.quant_act_int8_token(x2, rounding, a_bits)
+
+
+def epilogue_split(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+                   sizes: tuple[int, ...], out_dtype: torch.dtype) -> list[torch.Tensor]:
+    """:func:`epilogue` of the first ``sum(sizes)`` columns, returned as one contiguous [M, n_i] tensor per member
+    (a fused group's outputs); one kernel call where :mod:`interq.quant.kernels` is loaded (no bias), same values."""
+    k = kernels.get()
+    if (k is not None and bias is None and not acc.is_cuda and acc.dtype == torch.int32
+            and out_dtype in (torch.float32, torch.bfloat16, torch.float16)):
+        return k.epilogue(acc, s_a, s_w, list(sizes), out_dtype)
+    y = epilogue_fp32(acc[:, :sum(sizes)] if acc.shape[1] != sum(sizes) else acc, s_a, s_w, bias, out_dtype)
+    if len(sizes) == 1:
+        return [y.to(out_dtype)]
+    outs, start = [], 0
+    for n in sizes:
+        part = y[:, start:start + n]  # [M, N_i], a strided view
+        # a fresh contiguous tensor per member, as the member's own QuantLinear returns
+        outs.append(part.to(out_dtype) if out_dtype != part.dtype else part.clone(memory_format=torch.contiguous_format))
+        start += n
+    return outs
+
+
 def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int, bias: torch.Tensor | None,
                 rounding: str, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None,
                 a_bits: int = 8) -> torch.Tensor:
@@ -121,7 +151,7 @@ def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: 
     With ``codes_f32`` (wq_t as float32) the accumulator comes from the exact fp32 backend instead of
     ``torch._int_mm``: the same int32 values. ``a_bits`` < 8 narrows the activation codes (still int8
     tensors); narrower weight codes arrive as they are in ``wq_t``: the GEMM and the epilogue do not change."""
-    q, s_a = P.quant_act_int8_token(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
+    q, s_a = quant_act_int8(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
     return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32)
 
 
@@ -135,8 +165,7 @@ def int8_gemm(q: torch.Tensor, s_a: torch.Tensor, wq_t: torch.Tensor, s_w: torch
     else:
         kp = codes_f32.shape[0]
         acc32 = int_mm_fp32_exact(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), codes_f32)
-    acc = acc32 if acc32.shape[1] == n_out else acc32[:, :n_out]  # [M, N] exact int32 (fp32 inside the epilogue)
-    return epilogue(acc, s_a, s_w, bias, out_dtype)
+    return epilogue_split(acc32, s_a, s_w, bias, (n_out,), out_dtype)[0]  # [M, N]
 
 
 def fp8_linear(x2: torch.Tensor, wq: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
@@ -297,7 +326,7 @@ class FusedQuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [..., K] -> one [..., N_i] tensor per member (contiguous, x's dtype)."""
         x2 = x.reshape(-1, self.in_features)  # [M, K]
-        q, s_a = P.quant_act_int8_token(x2, self.qcfg.a_int8_rounding, self.qcfg.a_bits)  # [M, K], [M, 1]
+        q, s_a = quant_act_int8(x2, self.qcfg.a_int8_rounding, self.qcfg.a_bits)  # [M, K], [M, 1]
         codes = self.weight_codes_f32
         if codes is None:
             kp = self.weight_q.shape[0]
@@ -305,16 +334,8 @@ class FusedQuantLinear(nn.Module):
         else:
             kp = codes.shape[0]
             acc = int_mm_fp32_exact(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), codes)
-        acc = acc if acc.shape[1] == self.out_features else acc[:, :self.out_features]  # [M, N] int32
-        y = epilogue_fp32(acc, s_a, self.weight_scale, self.bias, x.dtype)  # [M, N] fp32
-        outs, start = [], 0
-        for n in self.sizes:
-            part = y[:, start:start + n]  # [M, N_i], a strided view
-            # a fresh contiguous tensor per member, as the member's own QuantLinear returns
-            part = part.to(x.dtype) if x.dtype != part.dtype else part.clone(memory_format=torch.contiguous_format)
-            outs.append(part.reshape(*x.shape[:-1], n))
-            start += n
-        return tuple(outs)
+        outs = epilogue_split(acc, s_a, self.weight_scale, self.bias, self.sizes, x.dtype)  # [M, N_i] each
+        return tuple(o.reshape(*x.shape[:-1], n) for o, n in zip(outs, self.sizes))
 
     def member_output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         memo = self._memo

@@ -1,0 +1,239 @@
+// interq's fused CPU kernels for the int8 executor (src/interq/quant/kernels.py builds and loads this file).
+//
+// Each kernel is one pass over memory that replaces a chain of eager PyTorch ops, with the SAME values, bit for
+// bit (tests/test_quant_kernels.py compares them with the eager primitives on awkward inputs):
+//   quant_act_int8: interq.quant.primitives.quant_act_int8_token, rounding half_even (vLLM dynamic_scaled_int8_quant)
+//   epilogue:       interq.quant.linear.epilogue without bias (CUTLASS ScaledEpilogue), one output per member
+//                   of a fused q|k|v or gate|up group, each contiguous, already in the compute dtype
+//   quant_kv_int8:  interq.quant.primitives.quant_kv for int8_per_token_head (store round or trunc)
+//   fake_quant_act_int8: the forward value of interq.quant.primitives.fq_activation_ste for int8 activations
+//                   (quantize, dequantize, plus the straight-through estimator's + 0), fp32
+// Compiled with -ffp-contract=off: no multiply-add may be fused into an FMA (that would change roundings).
+// Every float operation below is the one the eager chain performs, in the same order.
+
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float load_f(float v) { return v; }
+inline float load_f(c10::BFloat16 v) {
+  uint32_t u = static_cast<uint32_t>(v.x) << 16;  // bf16 -> fp32 is exact: the high half of the bits
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline float load_f(c10::Half v) { return static_cast<float>(v); }
+
+inline void store_f(float v, float* out) { *out = v; }
+inline void store_f(float v, c10::BFloat16* out) {
+  // round to nearest even, NaN -> 0x7FC0: what torch's fp32 -> bf16 conversion gives
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  uint16_t r = std::isnan(v) ? uint16_t(0x7FC0) : uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  out->x = r;
+}
+inline void store_f(float v, c10::Half* out) { *out = c10::Half(v); }
+
+// the amax of |row| as torch's amax gives it: NaN if any element is NaN
+template <typename T>
+inline float row_amax(const T* row, int64_t k) {
+  float amax = 0.f;
+  bool nan = false;
+  for (int64_t j = 0; j < k; ++j) {
+    float a = std::fabs(load_f(row[j]));
+    nan |= (a != a);
+    amax = a > amax ? a : amax;
+  }
+  return nan ? NAN : amax;
+}
+
+// torch's clamp_(lo, hi) then round_() / trunc_() then .to(int8), for values already multiplied by the inverse scale
+inline int8_t to_code(float v, float lo, float hi, bool trunc) {
+  v = v < lo ? lo : v;  // NaN stays NaN (as torch.clamp)
+  v = v > hi ? hi : v;
+  v = trunc ? std::trunc(v) : std::nearbyint(v);  // nearbyint: half to even in the default rounding mode
+  return static_cast<int8_t>(static_cast<int32_t>(v));
+}
+
+template <typename T>
+void quant_rows(const T* x, int64_t rows, int64_t k, int64_t ld, int qmax, int8_t* q, float* s) {
+  const float lo = -float(qmax + 1), hi = float(qmax);
+  for (int64_t m = 0; m < rows; ++m) {
+    const T* row = x + m * ld;
+    float amax = row_amax(row, k);
+    // amax.reciprocal().mul_(qmax).masked_fill_(amax == 0, 0): a true division, then a multiply
+    float inv = amax == 0.f ? 0.f : (1.0f / amax) * float(qmax);
+    int8_t* qr = q + m * k;
+    for (int64_t j = 0; j < k; ++j) {
+      float v = load_f(row[j]) * inv;  // clamp before rounding: the same value (integer bounds)
+      v = v < lo ? lo : v;
+      v = v > hi ? hi : v;
+      qr[j] = static_cast<int8_t>(static_cast<int32_t>(std::nearbyint(v)));
+    }
+    s[m] = amax / float(qmax);
+  }
+}
+
+}  // namespace
+
+// x [M, K] (float32, bfloat16 or float16; rows may be strided, columns contiguous) -> (q int8 [M, K], s fp32 [M, 1])
+std::vector<torch::Tensor> quant_act_int8(torch::Tensor x, int64_t qmax) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), "quant_act_int8: x must be a 2-D CPU tensor");
+  if (x.stride(1) != 1) x = x.contiguous();
+  const int64_t m = x.size(0), k = x.size(1), ld = x.stride(0);
+  auto q = torch::empty({m, k}, x.options().dtype(torch::kInt8));
+  auto s = torch::empty({m, 1}, x.options().dtype(torch::kFloat32));
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = s.data_ptr<float>();
+  const int qm = static_cast<int>(qmax);
+  switch (x.scalar_type()) {
+    case torch::kFloat32: quant_rows(x.data_ptr<float>(), m, k, ld, qm, qp, sp); break;
+    case torch::kBFloat16: quant_rows(x.data_ptr<c10::BFloat16>(), m, k, ld, qm, qp, sp); break;
+    case torch::kHalf: quant_rows(x.data_ptr<c10::Half>(), m, k, ld, qm, qp, sp); break;
+    default: TORCH_CHECK(false, "quant_act_int8: dtype must be float32, bfloat16 or float16, got ", x.scalar_type());
+  }
+  return {q, s};
+}
+
+namespace {
+template <typename T>
+void fake_quant_rows(const T* x, int64_t rows, int64_t k, int64_t ld, int qmax, float* out) {
+  const float lo = -float(qmax + 1), hi = float(qmax);
+  for (int64_t m = 0; m < rows; ++m) {
+    const T* row = x + m * ld;
+    const float amax = row_amax(row, k);
+    float* o = out + m * k;
+    if (!std::isfinite(amax)) {  // a NaN or inf in the row: the eager chain gives NaN everywhere (codes * NaN|inf
+      for (int64_t j = 0; j < k; ++j) o[j] = NAN;  // scale, plus x - x = NaN), whatever the codes were
+      continue;
+    }
+    const float inv = amax == 0.f ? 0.f : (1.0f / amax) * float(qmax);
+    const float sc = amax / float(qmax);
+    for (int64_t j = 0; j < k; ++j) {
+      float v = load_f(row[j]) * inv;
+      v = v < lo ? lo : v;
+      v = v > hi ? hi : v;
+      // q.float() * s, then + (x - x.detach()) = + 0: -0 becomes +0, as in the eager straight-through sum
+      o[j] = std::nearbyint(v) * sc + 0.0f;
+    }
+  }
+}
+}  // namespace
+
+// x [M, K] (rows may be strided) -> fp32 [M, K]: the dequantized per-token int8 activation (half-even rounding)
+torch::Tensor fake_quant_act_int8(torch::Tensor x, int64_t qmax) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), "fake_quant_act_int8: x must be a 2-D CPU tensor");
+  if (x.stride(1) != 1) x = x.contiguous();
+  const int64_t m = x.size(0), k = x.size(1), ld = x.stride(0);
+  auto out = torch::empty({m, k}, x.options().dtype(torch::kFloat32));
+  float* op = out.data_ptr<float>();
+  const int qm = static_cast<int>(qmax);
+  switch (x.scalar_type()) {
+    case torch::kFloat32: fake_quant_rows(x.data_ptr<float>(), m, k, ld, qm, op); break;
+    case torch::kBFloat16: fake_quant_rows(x.data_ptr<c10::BFloat16>(), m, k, ld, qm, op); break;
+    case torch::kHalf: fake_quant_rows(x.data_ptr<c10::Half>(), m, k, ld, qm, op); break;
+    default: TORCH_CHECK(false, "fake_quant_act_int8: dtype must be float32, bfloat16 or float16, got ", x.scalar_type());
+  }
+  return out;
+}
+
+namespace {
+template <typename O>
+void epilogue_rows(const int32_t* acc, int64_t ld, const float* s_a, const float* s_w, bool s_w_scalar,
+                   int64_t rows, int64_t col0, int64_t n, O* out) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const int32_t* a = acc + m * ld + col0;
+    const float sa = s_a[m];
+    O* o = out + m * n;
+    if (s_w_scalar) {
+      const float sw = s_w[0];
+      for (int64_t j = 0; j < n; ++j) store_f((static_cast<float>(a[j]) * sw) * sa, o + j);
+    } else {
+      const float* sw = s_w + col0;
+      for (int64_t j = 0; j < n; ++j) store_f((static_cast<float>(a[j]) * sw[j]) * sa, o + j);
+    }
+  }
+}
+}  // namespace
+
+// acc int32 [M, >= sum(sizes)] (rows may be strided), s_a fp32 [M, 1], s_w fp32 [N] or [] ->
+// one contiguous [M, sizes[i]] tensor per member, dtype out_dtype: out((s_w * float(acc)) * s_a)
+std::vector<torch::Tensor> epilogue(torch::Tensor acc, torch::Tensor s_a, torch::Tensor s_w,
+                                    std::vector<int64_t> sizes, torch::ScalarType out_dtype) {
+  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == torch::kInt32 && acc.device().is_cpu(),
+              "epilogue: acc must be a 2-D int32 CPU tensor");
+  if (acc.stride(1) != 1) acc = acc.contiguous();
+  s_a = s_a.contiguous();
+  s_w = s_w.contiguous();
+  TORCH_CHECK(s_a.scalar_type() == torch::kFloat32 && s_w.scalar_type() == torch::kFloat32, "epilogue: fp32 scales");
+  const int64_t m = acc.size(0);
+  TORCH_CHECK(s_a.numel() == m, "epilogue: s_a must hold one scale per row");
+  int64_t total = 0;
+  for (auto n : sizes) total += n;
+  TORCH_CHECK(total <= acc.size(1), "epilogue: the members' sizes exceed the accumulator's columns");
+  const bool scalar = s_w.numel() == 1;  // [] or [1]: broadcast over the columns, as torch.mul does
+  TORCH_CHECK(scalar || s_w.numel() >= total, "epilogue: s_w must be a scalar or hold one scale per column");
+  std::vector<torch::Tensor> outs;
+  int64_t col0 = 0;
+  for (auto n : sizes) {
+    auto o = torch::empty({m, n}, acc.options().dtype(out_dtype));
+    const int32_t* ap = acc.data_ptr<int32_t>();
+    const float* sap = s_a.data_ptr<float>();
+    const float* swp = s_w.data_ptr<float>();
+    switch (out_dtype) {
+      case torch::kFloat32: epilogue_rows(ap, acc.stride(0), sap, swp, scalar, m, col0, n, o.data_ptr<float>()); break;
+      case torch::kBFloat16:
+        epilogue_rows(ap, acc.stride(0), sap, swp, scalar, m, col0, n, o.data_ptr<c10::BFloat16>());
+        break;
+      case torch::kHalf: epilogue_rows(ap, acc.stride(0), sap, swp, scalar, m, col0, n, o.data_ptr<c10::Half>()); break;
+      default: TORCH_CHECK(false, "epilogue: out_dtype must be float32, bfloat16 or float16");
+    }
+    outs.push_back(o);
+    col0 += n;
+  }
+  return outs;
+}
+
+namespace {
+template <typename T>
+void quant_kv_rows(const T* t, int64_t rows, int64_t d, int qmax, bool trunc, float min_scale, int8_t* q, float* s) {
+  const float lo = -float(qmax + 1), hi = float(qmax);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = t + r * d;
+    float sc = row_amax(row, d) / float(qmax);  // amax.float().div_(qmax).clamp_(min=1e-6)
+    sc = sc < min_scale ? min_scale : sc;       // (NaN stays NaN)
+    const float inv = 1.0f / sc;                // s.reciprocal()
+    int8_t* qr = q + r * d;
+    for (int64_t j = 0; j < d; ++j) qr[j] = to_code(load_f(row[j]) * inv, lo, hi, trunc);
+    s[r] = sc;
+  }
+}
+}  // namespace
+
+// t [..., D] contiguous -> (q int8 [..., D], s fp32 [..., 1]): per row s = max(amax/qmax, min_scale),
+// q = round|trunc(clamp(t * (1/s), -(qmax+1), qmax))
+std::vector<torch::Tensor> quant_kv_int8(torch::Tensor t, int64_t qmax, bool trunc, double min_scale) {
+  TORCH_CHECK(t.dim() >= 1 && t.device().is_cpu(), "quant_kv_int8: t must be a CPU tensor");
+  t = t.contiguous();
+  const int64_t d = t.size(-1), rows = d ? t.numel() / d : 0;
+  auto q = torch::empty(t.sizes(), t.options().dtype(torch::kInt8));
+  auto sshape = t.sizes().vec();
+  sshape.back() = 1;
+  auto s = torch::empty(sshape, t.options().dtype(torch::kFloat32));
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = s.data_ptr<float>();
+  const int qm = static_cast<int>(qmax);
+  const float ms = static_cast<float>(min_scale);
+  switch (t.scalar_type()) {
+    case torch::kFloat32: quant_kv_rows(t.data_ptr<float>(), rows, d, qm, trunc, ms, qp, sp); break;
+    case torch::kBFloat16: quant_kv_rows(t.data_ptr<c10::BFloat16>(), rows, d, qm, trunc, ms, qp, sp); break;
+    case torch::kHalf: quant_kv_rows(t.data_ptr<c10::Half>(), rows, d, qm, trunc, ms, qp, sp); break;
+    default: TORCH_CHECK(false, "quant_kv_int8: dtype must be float32, bfloat16 or float16, got ", t.scalar_type());
+  }
+  return {q, s};
+}

@@ -1,0 +1,116 @@
+"""Fused CPU kernels for the int8 executor: one pass over memory where the eager path runs a chain of ops.
+
+At decode sizes (16 rows) the executor's quantized linear is bound by per-op overhead, not arithmetic: the
+activation quantizer is ~7 eager ops, the epilogue 3 and each fused member's cast one more, at 2-5 us each.
+``csrc/int8_kernels.cpp`` does each of these in one call, with the same values bit for bit (same float
+operations in the same order, compiled with ``-ffp-contract=off``; tests/test_quant_kernels.py):
+
+- ``quant_act_int8(x, qmax)`` = ``primitives.quant_act_int8_token(x, "half_even", bits)``
+- ``epilogue(acc, s_a, s_w, sizes, dtype)`` = ``linear.epilogue`` (no bias) per member of a fused group
+- ``quant_kv_int8(t, qmax, trunc, min_scale)`` = ``primitives.quant_kv`` for ``int8_per_token_head``
+- ``fake_quant_act_int8(x, qmax)`` = the forward value of ``primitives.fq_activation_ste`` (int8, half_even): the
+  aligned learner's activation fake quantization (its gradient, the identity, is :mod:`interq.quant.aligned`'s)
+
+The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
+minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -c 'from interq.quant import kernels;
+kernels.main()'``) into ``$INTERQ_KERNELS_DIR`` (default ``~/.cache/interq/kernels``), under a name that hashes the source, the torch
+version and the CPU's instruction-set flags (``-march=native``: a build is never loaded on a CPU it was not
+made for). Where it cannot be built (no compiler) the executor keeps the eager ops and says why in
+:func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. They never change a number, only the time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+_SRC = Path(__file__).with_name("csrc") / "int8_kernels.cpp"
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno"]
+_LOCK = threading.Lock()
+_STALE_LOCK_S = 900  # a build takes about a minute (several on a loaded 2-core machine)
+_STATE: dict = {"module": None, "tried": False, "reason": "not loaded yet", "build_s": None, "name": None}
+_ENABLED = {"value": os.environ.get("INTERQ_CPU_KERNELS", "1").strip().lower() not in ("0", "off", "false", "no")}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return " ".join(sorted(f for f in line.split(":", 1)[1].split()
+                                       if f.startswith(("avx", "sse", "fma", "f16c", "amx", "bmi"))))
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def build_name() -> str:
+    """The extension's name: a hash of the source, the flags, torch's version and the CPU's ISA flags."""
+    h = hashlib.sha256()
+    for part in (_SRC.read_bytes(), " ".join(_FLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode(),
+                 sys.version.encode()):
+        h.update(part)
+    return "interq_int8_kernels_" + h.hexdigest()[:16]
+
+
+def set_enabled(value: bool) -> None:
+    """Use the kernels when they load (True, the default unless ``INTERQ_CPU_KERNELS=0``) or the eager ops."""
+    _ENABLED["value"] = bool(value)
+
+
+def load(verbose: bool = False):
+    """The compiled module, building it on first use; None where it cannot be built or is turned off."""
+    if not _ENABLED["value"]:
+        return None
+    if _STATE["tried"]:
+        return _STATE["module"]
+    with _LOCK:
+        if _STATE["tried"]:
+            return _STATE["module"]
+        name = build_name()
+        _STATE["name"] = name
+        build_dir = Path(os.environ.get("INTERQ_KERNELS_DIR", Path.home() / ".cache" / "interq" / "kernels")) / name
+        t0 = time.perf_counter()
+        try:
+            from torch.utils.cpp_extension import load_inline
+
+            build_dir.mkdir(parents=True, exist_ok=True)
+            lock = build_dir / "lock"  # torch waits for ever on the lock of a build that was killed: drop a stale one
+            if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+                lock.unlink(missing_ok=True)
+            if not (build_dir / f"{name}.so").is_file():
+                print(f"[interq] compiling the int8 executor's CPU kernels into {build_dir} (once per machine, "
+                      "about a minute)", file=sys.stderr, flush=True)
+            _STATE["module"] = load_inline(name, cpp_sources=[_SRC.read_text()],
+                                           functions=["quant_act_int8", "epilogue", "quant_kv_int8", "fake_quant_act_int8"],
+                                           extra_cflags=_FLAGS, build_directory=str(build_dir), verbose=verbose)
+            _STATE["reason"] = "loaded"
+        except Exception as e:  # no compiler, no headers, a failed build: the eager ops stay
+            _STATE["module"] = None
+            _STATE["reason"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+        _STATE["build_s"] = round(time.perf_counter() - t0, 1)
+        _STATE["tried"] = True
+    return _STATE["module"]
+
+
+def get():
+    """The loaded module when the kernels are on and built, else None (never builds: see :func:`load`)."""
+    return _STATE["module"] if _ENABLED["value"] else None
+
+
+def status() -> dict:
+    """What a benchmark records: whether the kernels are on, loaded, and why not."""
+    return {"enabled": _ENABLED["value"], "loaded": _STATE["module"] is not None, "reason": _STATE["reason"],
+            "name": _STATE["name"], "load_s": _STATE["build_s"]}
+
+
+def main() -> int:
+    """Build (or load) the kernels now and print :func:`status`; exit status 1 when they are not available."""
+    mod = load(verbose="-v" in sys.argv)
+    print(status())
+    return 0 if mod is not None else 1
