@@ -114,6 +114,17 @@ def test_compare_regimes_budgets_and_a_partial_report(tmp_path, capsys):
     md = (tmp_path / "compare.md").read_text()
     assert "Regime `matched`" in md and "95% CI" in md
     assert (tmp_path / "curves_matched.png").is_file() and (tmp_path / "mismatch_natural.png").is_file()
+    # a run cut short (its log ends before the last step) is listed apart, not averaged with the finished ones
+    log = tmp_path / "q-interq-s0" / "metrics.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines() if json.loads(line).get("step", 0) < 1))
+    assert main([*args, "--report-only"]) == 0
+    out = capsys.readouterr().out
+    res = _result(out)
+    assert res["partial"] is True and "q-interq" not in res["regimes"]["natural"]
+    assert set(res["regimes"]["matched"]) == {"bf16", "q-interq", "q-interq-Binf"}
+    assert res["in_progress"]["q-interq-s0"]["step"] == 0 and res["in_progress"]["q-interq-s0"]["target"] == 1
+    assert res["in_progress"]["q-interq-s0"]["last_eval_step"] == 0
+    assert "Runs not finished" in (tmp_path / "compare.md").read_text() and "| q-interq-s0 | 0/1 |" in out
 
 
 def test_compare_rejects_an_unknown_regime_before_any_work(tmp_path, capsys):

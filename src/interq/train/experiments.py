@@ -214,14 +214,21 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
                         for name, cfg in unique.items()}
                 for name, fut in futs.items():
                     done(name, fut.result(), ts)
-    by_regime: dict[str, dict[str, list[list[dict]]]] = {}
-    for (regime, arm, _seed), (name, _cfg) in plan.items():
-        if records.get(name):
-            by_regime.setdefault(regime, {}).setdefault(arm, []).append(records[name])
     targets = {name: cfg.train.steps for name, cfg in unique.items()}
     progress = {name: (max((r.get("step", 0) for r in records.get(name, [])), default=None), targets[name]) for name in unique}
+    # only finished runs enter the arms' statistics: an unfinished run's last evaluation is of another step
+    by_regime: dict[str, dict[str, list[list[dict]]]] = {}
+    in_progress: dict[str, dict] = {}
+    for (regime, arm, _seed), (name, _cfg) in plan.items():
+        done, target = progress[name]
+        if done is not None and done >= target:
+            by_regime.setdefault(regime, {}).setdefault(arm, []).append(records[name])
+        elif done is not None:
+            ev = _evals(records[name])
+            in_progress[name] = {"step": done, "target": target, "success_before": ev[0][1] if ev else None,
+                                 "last_eval_step": ev[-1][0] if ev else None, "last_eval": ev[-1][1] if ev else None}
     return {"by_regime": by_regime, "runs": by_regime.get(regimes[0], {}), "warm_start_s": warm_s, "policy": summary,
-            "progress": progress}
+            "progress": progress, "in_progress": in_progress}
 
 
 def _evals(recs: list[dict]) -> list[tuple[int, float]]:
@@ -446,6 +453,17 @@ def demo_main(argv: list[str]) -> int:
     return 0
 
 
+def in_progress_table(runs: dict) -> str:
+    """The unfinished runs (left out of the arms' statistics) with their last held-out evaluation."""
+    def f(x):
+        return "n/a" if x is None else f"{x:.3f}"
+    rows = [f"| {n} | {r['step']}/{r['target']} | {f(r['success_before'])} | "
+            f"{'n/a' if r['last_eval_step'] is None else r['last_eval_step']} | {f(r['last_eval'])} |"
+            for n, r in sorted(runs.items())]
+    return ("Runs not finished (not in the statistics above):\n\n| run | step | success before | last evaluated step | "
+            "success there |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
 def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -520,6 +538,10 @@ def compare_main(argv: list[str]) -> int:
                                          "learner_forward_passes_per_step": round(s["learner_forward_passes_per_step"], 3)}
                                      for a, s in summary.items()}
         result["paired"][regime] = paired
+    if res["in_progress"]:
+        md.append(in_progress_table(res["in_progress"]))
+        print(in_progress_table(res["in_progress"]))
+    result["in_progress"] = res["in_progress"]
     (out / "compare.md").write_text("\n".join(md))
     (out / "summary.json").write_text(json.dumps(dump, indent=1, default=str))
     if missing:
