@@ -15,7 +15,9 @@ only where bf16 is native (``interq.machine.bf16_native``: AVX512_BF16/AMX CPUs,
 gradient, |delta| of the action-token log-probs.
 
 The header and the RESULT line record the machine (``machine``: ``interq.machine.machine_info()`` at the start,
-``load_avg_end`` at the end; thread count included). Ends with ``RESULT {json}``.
+``load_avg_end`` at the end; thread count included). On CPU the arm ``aligned_fp32_eager`` is the aligned learner
+without the fused CPU kernels (``interq.quant.kernels``; the same numbers): ``kernels_over_eager_aligned_fp32``.
+Ends with ``RESULT {json}``.
 
     nice -n 5 .venv/bin/python benchmarks/bench_learner.py [--threads 2] [--device cpu] [--skip-smollm2]
 """
@@ -32,7 +34,7 @@ import torch
 
 from interq.algo.loss import ppo_loss
 from interq.machine import bf16_native, describe, load_avg, machine_info, resolve_device, synchronize
-from interq.quant import QuantConfig, aligned
+from interq.quant import QuantConfig, aligned, kernels
 from interq.rollout import sequence_logprobs
 
 
@@ -79,12 +81,16 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
                                args.obs_tokens, args.act_tokens)
     ids, mask, act = ids.to(device), mask.to(device), act.to(device)
     tokens = int(mask.sum())
-    label = lambda al, bf: f"{'aligned' if al else 'plain'}_{'bf16' if bf else 'fp32'}"  # noqa: E731
-    arms = [(al, bf) for al in (False, True) for bf in ((False, True) if use_bf16 else (False,))
+    label = lambda al, bf, eg=False: f"{'aligned' if al else 'plain'}_{'bf16' if bf else 'fp32'}" + ("_eager" if eg else "")  # noqa: E731
+    arms = [(al, bf, False) for al in (False, True) for bf in ((False, True) if use_bf16 else (False,))
             if args.arms is None or label(al, bf) in args.arms]
+    # the aligned learner without the fused CPU kernels (interq.quant.kernels): the same numbers, eager ops
+    if device.type == "cpu" and (args.arms is None or "aligned_fp32_eager" in args.arms):
+        arms.append((True, False, True))
     # warm-up (allocator, lazy init), one small pass per arm
     w = 2 * (args.obs_tokens + args.act_tokens)  # two turns of one row
-    for al, bf in arms:
+    for al, bf, eg in arms:
+        kernels.set_enabled(not eg)
         model.zero_grad(set_to_none=True)
         learner_pass(model, ids[:1, :w], mask[:1, :w], act[:1, :w], al, qcfg, bf, device)
     fb = {label(*a): [] for a in arms}
@@ -92,15 +98,16 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
     numerics: dict = {}
     ref: dict = {}
     for rnd in range(args.rounds):
-        for al, bf in arms:
-            k = label(al, bf)
+        for al, bf, eg in arms:
+            k = label(al, bf, eg)
+            kernels.set_enabled(not eg)
             model.zero_grad(set_to_none=True)
             synchronize(device)
             t0 = time.perf_counter()
             lp = learner_pass(model, ids, mask, act, al, qcfg, bf, device)
             synchronize(device)
             fb[k].append(time.perf_counter() - t0)
-            if rnd == 0:  # numerics of bf16 autocast against fp32, same batch, same align mode
+            if rnd == 0 and not eg:  # numerics of bf16 autocast against fp32, same batch, same align mode
                 g = grad_vector(model)
                 if not bf:
                     ref[al] = (g, lp)
@@ -120,6 +127,7 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
             synchronize(device)
             fwd[k].append(time.perf_counter() - t0)
         print(f"[{name}] round {rnd + 1}/{args.rounds}: " + ", ".join(f"{k} {fb[k][-1]:.2f}s" for k in fb), flush=True)
+    kernels.set_enabled(True)
     ref.clear()
     model.zero_grad(set_to_none=True)
     res = {"model": name, "params": sum(p.numel() for p in model.parameters()), "rows": int(ids.shape[0]),
@@ -132,7 +140,8 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
     s = res["fwd_bwd_tokens_per_s"]
     for key, num, den in (("aligned_over_plain_fp32", "aligned_fp32", "plain_fp32"),
                           ("bf16_over_fp32_plain", "plain_bf16", "plain_fp32"),
-                          ("bf16_over_fp32_aligned", "aligned_bf16", "aligned_fp32")):
+                          ("bf16_over_fp32_aligned", "aligned_bf16", "aligned_fp32"),
+                          ("kernels_over_eager_aligned_fp32", "aligned_fp32", "aligned_fp32_eager")):
         if num in s and den in s:
             res[key] = round(s[num] / s[den], 3)
             best = res["fwd_bwd_tokens_per_s_best"]
@@ -179,7 +188,8 @@ def main() -> None:
     ap.add_argument("--skip-tiny", action="store_true")
     ap.add_argument("--skip-forward-only", action="store_true", help="do not time the no-grad (proximal pass) forward")
     ap.add_argument("--arms", type=lambda v: v.split(","), default=None,
-                    help="comma-separated subset of plain_fp32,plain_bf16,aligned_fp32,aligned_bf16 (default: all)")
+                    help="comma-separated subset of plain_fp32,plain_bf16,aligned_fp32,aligned_bf16,aligned_fp32_eager "
+                    "(the aligned learner without the fused CPU kernels) (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     try:
@@ -187,7 +197,7 @@ def main() -> None:
     except ValueError as e:
         ap.error(str(e))
     use_bf16 = {"auto": bf16_native(dev), "on": True, "off": False}[args.bf16]
-    arm_names = ("plain_fp32", "plain_bf16", "aligned_fp32", "aligned_bf16")
+    arm_names = ("plain_fp32", "plain_bf16", "aligned_fp32", "aligned_bf16", "aligned_fp32_eager")
     if args.arms is not None and (bad := [a for a in args.arms if a not in arm_names]):
         ap.error(f"--arms: {bad} not accepted; accepted: {','.join(arm_names)}")
     machine = machine_info(dev)  # at the start; load_avg_end added at the end
