@@ -213,6 +213,33 @@ def test_finished_episodes_free_cache_and_waiting_episodes_are_unaffected():
     assert (t1.behavior_logprobs - ref.behavior_logprobs).abs().max() < 1e-5
 
 
+def test_finishing_several_episodes_at_once_equals_finishing_them_one_by_one():
+    model = tiny_qwen3()
+    engine = RolloutEngine(model)
+    sampling = SamplingParams(temperature=1.0, max_action_tokens=4, stop_token_ids=(STOP,))
+    obs = make_observations(5, 3, seed=11)
+    out = {}
+    for together in (False, True):
+        batch = engine.new_batch([1, 2, 3, 4, 5], sampling)
+        batch.step({i: obs[i][0] for i in range(5)})
+        batch.step({i: obs[i][1] for i in (0, 1, 3, 4)})  # episode 2 waits: its columns differ
+        if together:
+            done = batch.finish_many([0, 3, 1])
+        else:
+            done = [batch.finish(i) for i in (0, 3, 1)]
+        layer = batch._cache.layers[0]
+        state = (batch.live, batch.cache_columns(), layer.keys.clone(), layer.values.clone(), batch._mask.clone())
+        batch.step({i: obs[i][2] for i in (2, 4)})
+        rest = batch.finish_many([2, 4])
+        assert batch.live == [] and batch.finish_many([]) == []
+        out[together] = (done, state, rest)
+    (d0, s0, r0), (d1, s1, r1) = out[False], out[True]
+    assert s0[:2] == s1[:2] and all(torch.equal(a, b) for a, b in zip(s0[2:], s1[2:]))
+    for a, b in zip(d0 + r0, d1 + r1):
+        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+        assert a.turns == b.turns
+
+
 def test_bf16_model_runs_and_logprobs_are_fp32():
     model = tiny_llama().to(torch.bfloat16)
     trajs = run_episodes(RolloutEngine(model), make_observations(2, 2), [0, 1], SamplingParams(max_action_tokens=4))

@@ -287,11 +287,13 @@ def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, 
                 ep.truncated = ep.context_truncated = True
                 continue
             texts[i] = text
+        finished = []
         for i, done in _apply(envs, episodes, current, history, texts, penalty, by_index, max_turns).items():
             if done:
-                batch.finish(i)
+                finished.append(i)
             else:
                 obs_ids[i] = chats[i].observation(render(episodes[i].task, current[i], turn + 1, history[i], None))
+        batch.finish_many(finished)  # the episodes that ended this turn leave the cache in one pass
         turn += 1
     for i, ep in enumerate(episodes):
         ep.rows = [batch.trajectory(i)]
@@ -307,13 +309,12 @@ def _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_
         obs_ids = {j: chats[j].observation(render(episodes[i].task, current[i], turn, history[i], window))
                    for j, i in enumerate(live)}
         out = batch.step(obs_ids)
+        rows = batch.finish_many(range(len(live)))  # the session's rows leave the cache in one pass
         texts = {}
         for j, i in enumerate(live):
             ep, r = episodes[i], out[j]
             text = chats[j].action(r.action_ids)
-            if not r.truncated:
-                batch.finish(j)
-            ep.rows.append(batch.trajectory(j))
+            ep.rows.append(rows[j])
             if r.truncated:
                 ep.truncated = ep.context_truncated = True
                 ep.rows.pop()  # a prompt that did not fit has no action to train on
