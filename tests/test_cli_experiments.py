@@ -165,3 +165,23 @@ def test_compare_and_demo_refuse_runs_without_held_out_evaluation(tmp_path, caps
         assert e.value.code == 2
         assert override.split("=")[0] in capsys.readouterr().err
         assert not (tmp_path / "warm_start").exists()
+
+
+def test_paired_differences_use_the_seeds_both_arms_have():
+    from interq.train.experiments import paired_differences, paired_table
+
+    def run(final):  # records of a finished run: held-out outcomes at steps 0 and 10
+        return [{"step": 0, "eval/success": 0.5, "eval/outcomes": "0101"},
+                {"step": 10, "eval/success": final.count("1") / 4, "eval/outcomes": final}]
+
+    runs = {"bf16": [run("1111"), run("1110"), run("1100")], "q-interq": [run("1100"), run("0000")]}
+    # q-interq has seeds 0 and 2 (seed 1 unfinished): paired with bf16's seeds 0 and 2, not its first two runs
+    out = paired_differences(runs, {"bf16": [0, 1, 2], "q-interq": [0, 2]})
+    d = out["q-interq - bf16"]
+    assert d["seed_ids"] == [0, 2] and d["seeds"] == 2 and d["episodes"] == 4
+    assert d["diff"] == pytest.approx(((2 - 4) + (0 - 2)) / 2 / 4)  # mean over seeds and episodes
+    assert "(seeds 0, 2)" in paired_table(out)
+    # without seeds: paired by position, which needs as many runs in both arms
+    assert paired_differences(runs) == {}
+    # no seed in common: no pair
+    assert paired_differences(runs, {"bf16": [0, 1, 2], "q-interq": [3, 4]}) == {}

@@ -218,17 +218,19 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
     progress = {name: (max((r.get("step", 0) for r in records.get(name, [])), default=None), targets[name]) for name in unique}
     # only finished runs enter the arms' statistics: an unfinished run's last evaluation is of another step
     by_regime: dict[str, dict[str, list[list[dict]]]] = {}
+    seeds_of: dict[str, dict[str, list[int]]] = {}  # the seed of each run in by_regime, in the same order
     in_progress: dict[str, dict] = {}
-    for (regime, arm, _seed), (name, _cfg) in plan.items():
+    for (regime, arm, seed), (name, _cfg) in plan.items():
         done, target = progress[name]
         if done is not None and done >= target:
             by_regime.setdefault(regime, {}).setdefault(arm, []).append(records[name])
+            seeds_of.setdefault(regime, {}).setdefault(arm, []).append(seed)
         elif done is not None:
             ev = _evals(records[name])
             in_progress[name] = {"step": done, "target": target, "success_before": ev[0][1] if ev else None,
                                  "last_eval_step": ev[-1][0] if ev else None, "last_eval": ev[-1][1] if ev else None}
     return {"by_regime": by_regime, "runs": by_regime.get(regimes[0], {}), "warm_start_s": warm_s, "policy": summary,
-            "progress": progress, "in_progress": in_progress}
+            "progress": progress, "in_progress": in_progress, "seeds": seeds_of}
 
 
 def _evals(recs: list[dict]) -> list[tuple[int, float]]:
@@ -297,20 +299,26 @@ PAIRS = (("q-interq", "q-tis"), ("q-interq", "q-align"), ("q-interq", "bf16"), (
          ("q-tis", "bf16"), ("q-naive", "bf16"))
 
 
-def paired_differences(runs: dict) -> dict:
-    """``"A - B" -> {"diff", "ci95", ...}`` for the pairs of :data:`PAIRS` and every other arm against q-interq, where
-    both arms have the same seeds with per-episode outcomes of the same final step (episode i is the same task and
-    sampling seed in every arm, :func:`interq.train.rl.evaluate`)."""
+def paired_differences(runs: dict, seeds: dict | None = None) -> dict:
+    """``"A - B" -> {"diff", "ci95", ...}`` for the pairs of :data:`PAIRS` and every other arm against q-interq, over
+    the seeds both arms have (``seeds[arm]``: the seed of each of ``runs[arm]``, in order; without it, runs are
+    paired by position and both arms need as many), with per-episode outcomes of the same final step (episode i is
+    the same task and sampling seed in every arm, :func:`interq.train.rl.evaluate`)."""
     from interq.train.stats import paired_difference
 
-    def finals(arm):
-        rs = runs.get(arm) or []
-        return [(_evals(r)[-1][0], _final_outcomes(r)) for r in rs]
+    def finals(recs):
+        return [(_evals(r)[-1][0], _final_outcomes(r)) for r in recs]
 
     pairs = list(PAIRS) + [(a, "q-interq") for a in runs if a not in {x for pr in PAIRS for x in pr}]
     out = {}
     for a, b in pairs:
-        fa, fb = finals(a), finals(b)
+        common = None
+        if seeds is not None and a in seeds and b in seeds:
+            common = sorted(set(seeds[a]) & set(seeds[b]))
+            by_seed_a, by_seed_b = dict(zip(seeds[a], runs.get(a) or [])), dict(zip(seeds[b], runs.get(b) or []))
+            fa, fb = finals([by_seed_a[x] for x in common]), finals([by_seed_b[x] for x in common])
+        else:
+            fa, fb = finals(runs.get(a) or []), finals(runs.get(b) or [])
         if not fa or len(fa) != len(fb) or any(o is None for _, o in fa + fb):
             continue
         if len({st for st, _ in fa + fb}) != 1 or len({len(o) for _, o in fa + fb}) != 1:
@@ -318,6 +326,8 @@ def paired_differences(runs: dict) -> dict:
         res = paired_difference([o for _, o in fa], [o for _, o in fb])
         out[f"{a} - {b}"] = {"diff": round(res["diff"], 4), "ci95": [round(x, 4) for x in res["ci95"]],
                              "seeds": res["n_seeds"], "episodes": res["n_episodes"]}
+        if common is not None:
+            out[f"{a} - {b}"]["seed_ids"] = common
     return out
 
 
@@ -342,7 +352,9 @@ def markdown_table(summary: dict, threshold: float) -> str:
 def paired_table(paired: dict) -> str:
     if not paired:
         return ""
-    rows = [f"| {k} | {v['diff']:+.3f} | [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}] | {v['seeds']} x {v['episodes']} |"
+    rows = [f"| {k} | {v['diff']:+.3f} | [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}] | {v['seeds']} x {v['episodes']}"
+            + (f" (seed{'s' if len(v['seed_ids']) > 1 else ''} {', '.join(map(str, v['seed_ids']))})"
+               if "seed_ids" in v else "") + " |"
             for k, v in paired.items()]
     return ("| paired difference (final held-out success) | mean | 95% CI (tasks resampled) | seeds x episodes |\n"
             "|---|---|---|---|\n" + "\n".join(rows) + "\n")
@@ -520,7 +532,7 @@ def compare_main(argv: list[str]) -> int:
     dump = {"regimes": {}, "paired": {}, "accumulation": {}, "progress": res["progress"]}
     for regime, runs in res["by_regime"].items():
         summary = summarize(runs, args.threshold)
-        paired = paired_differences(runs)
+        paired = paired_differences(runs, res["seeds"].get(regime))
         sfx = "" if regimes == ["natural"] else f"_{regime}"
         plot_curves(runs, out / f"curves{sfx}.png", f"compare ({regime})")
         curves = plot_mismatch(runs, out / f"mismatch{sfx}.png", budget)
