@@ -86,6 +86,17 @@ def test_kv_quantizer_equals_the_primitive(mod, dtype, bits, store):
     assert torch.equal(q, q0) and torch.equal(s, s0)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kv_read_equals_the_primitive(mod, out_dtype):
+    t = _awkward((2 * 3 * 7, 64), torch.float32, seed=5).reshape(2, 3, 7, 64)
+    q, s = P.quant_kv(t, QuantConfig())
+    s[0, 0, 0] = 1e30  # past bf16 / fp16 range after the product: inf as in the eager cast
+    got = mod.dequant_kv_int8(q, s, out_dtype)
+    assert torch.equal(got, P.dequant_kv(q, s, out_dtype))
+    # the cache's kept rows are a column slice of a longer cache: strided input
+    assert torch.equal(mod.dequant_kv_int8(q[:, :, :4], s[:, :, :4], out_dtype), P.dequant_kv(q[:, :, :4], s[:, :, :4], out_dtype))
+
+
 def test_bad_inputs_are_refused_with_the_argument_named(mod):
     with pytest.raises(RuntimeError, match="quant_act_int8"):
         mod.quant_act_int8(torch.zeros(4, 4, dtype=torch.float64), 127)

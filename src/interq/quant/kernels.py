@@ -8,6 +8,7 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
 - ``quant_act_int8(x, qmax)`` = ``primitives.quant_act_int8_token(x, "half_even", bits)``
 - ``epilogue(acc, s_a, s_w, sizes, dtype)`` = ``linear.epilogue`` (no bias) per member of a fused group
 - ``quant_kv_int8(t, qmax, trunc, min_scale)`` = ``primitives.quant_kv`` for ``int8_per_token_head``
+- ``dequant_kv_int8(q, s, dtype)`` = ``primitives.dequant_kv`` for int8 codes with per-row scales (the cache read)
 - ``fake_quant_act_int8(x, qmax)`` = the forward value of ``primitives.fq_activation_ste`` (int8, half_even): the
   aligned learner's activation fake quantization (its gradient, the identity, is :mod:`interq.quant.aligned`'s)
 
@@ -87,7 +88,8 @@ def load(verbose: bool = False):
                 print(f"[interq] compiling the int8 executor's CPU kernels into {build_dir} (once per machine, "
                       "about a minute)", file=sys.stderr, flush=True)
             _STATE["module"] = load_inline(name, cpp_sources=[_SRC.read_text()],
-                                           functions=["quant_act_int8", "epilogue", "quant_kv_int8", "fake_quant_act_int8"],
+                                           functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
+                                                      "fake_quant_act_int8"],
                                            extra_cflags=_FLAGS, build_directory=str(build_dir), verbose=verbose)
             _STATE["reason"] = "loaded"
         except Exception as e:  # no compiler, no headers, a failed build: the eager ops stay

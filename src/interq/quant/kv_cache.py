@@ -26,6 +26,15 @@ from interq.quant import primitives as P
 from interq.quant.config import QuantConfig, int_qmax
 
 
+def _dequant(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``P.dequant_kv`` (the whole cache, on every read), in one pass through the fused CPU kernel where it applies."""
+    k = kernels.get()
+    if (k is not None and q.dtype == torch.int8 and s.dim() == q.dim() and not q.is_cuda
+            and dtype in (torch.float32, torch.bfloat16, torch.float16)):
+        return k.dequant_kv_int8(q, s, dtype)
+    return P.dequant_kv(q, s, dtype)
+
+
 class QuantKVLayer(DynamicLayer):
     """One layer: codes in ``self.keys`` / ``self.values`` ([B, H, T, D], int8 or e4m3), fp32 scales in
     ``self.key_scales`` / ``self.value_scales`` ([B, H, T, 1], or [] for ``fp8_tensor``).
@@ -97,10 +106,10 @@ class QuantKVLayer(DynamicLayer):
             self.key_scales, self.value_scales = ks, vs
         kdt, vdt = key_states.dtype, value_states.dtype
         if self.keep_dequantized:  # only the new tokens are dequantized
-            self.keys_dequantized = torch.cat([self.keys_dequantized, P.dequant_kv(kq, ks, kdt)], dim=-2)
-            self.values_dequantized = torch.cat([self.values_dequantized, P.dequant_kv(vq, vs, vdt)], dim=-2)
+            self.keys_dequantized = torch.cat([self.keys_dequantized, _dequant(kq, ks, kdt)], dim=-2)
+            self.values_dequantized = torch.cat([self.values_dequantized, _dequant(vq, vs, vdt)], dim=-2)
             return self.keys_dequantized, self.values_dequantized
-        return P.dequant_kv(self.keys, self.key_scales, kdt), P.dequant_kv(self.values, self.value_scales, vdt)
+        return _dequant(self.keys, self.key_scales, kdt), _dequant(self.values, self.value_scales, vdt)
 
     def reset(self) -> None:
         self.key_scales = self.value_scales = None

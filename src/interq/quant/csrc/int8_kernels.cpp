@@ -6,6 +6,7 @@
 //   epilogue:       interq.quant.linear.epilogue without bias (CUTLASS ScaledEpilogue), one output per member
 //                   of a fused q|k|v or gate|up group, each contiguous, already in the compute dtype
 //   quant_kv_int8:  interq.quant.primitives.quant_kv for int8_per_token_head (store round or trunc)
+//   dequant_kv_int8: interq.quant.primitives.dequant_kv for int8 codes with per-row scales (the cache read)
 //   fake_quant_act_int8: the forward value of interq.quant.primitives.fq_activation_ste for int8 activations
 //                   (quantize, dequantize, plus the straight-through estimator's + 0), fp32
 // Compiled with -ffp-contract=off: no multiply-add may be fused into an FMA (that would change roundings).
@@ -236,4 +237,38 @@ std::vector<torch::Tensor> quant_kv_int8(torch::Tensor t, int64_t qmax, bool tru
     default: TORCH_CHECK(false, "quant_kv_int8: dtype must be float32, bfloat16 or float16, got ", t.scalar_type());
   }
   return {q, s};
+}
+
+namespace {
+template <typename O>
+void dequant_rows(const int8_t* q, const float* s, int64_t rows, int64_t d, O* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float sc = s[r];
+    const int8_t* qr = q + r * d;
+    O* o = out + r * d;
+    for (int64_t j = 0; j < d; ++j) store_f(static_cast<float>(qr[j]) * sc, o + j);  // torch.mul(q, s).to(dtype)
+  }
+}
+}  // namespace
+
+// q int8 [..., D], s fp32 [..., 1] (one scale per row) -> [..., D] out_dtype: out(float(q) * s)
+torch::Tensor dequant_kv_int8(torch::Tensor q, torch::Tensor s, torch::ScalarType out_dtype) {
+  TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.device().is_cpu() && q.dim() >= 1,
+              "dequant_kv_int8: q must be an int8 CPU tensor");
+  TORCH_CHECK(s.scalar_type() == torch::kFloat32 && s.dim() == q.dim() && s.size(-1) == 1,
+              "dequant_kv_int8: s must be fp32 with q's shape and a last dimension of 1");
+  q = q.contiguous();
+  s = s.contiguous();
+  const int64_t d = q.size(-1), rows = d ? q.numel() / d : 0;
+  TORCH_CHECK(s.numel() == rows, "dequant_kv_int8: one scale per row of q");
+  auto out = torch::empty(q.sizes(), q.options().dtype(out_dtype));
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sp = s.data_ptr<float>();
+  switch (out_dtype) {
+    case torch::kFloat32: dequant_rows(qp, sp, rows, d, out.data_ptr<float>()); break;
+    case torch::kBFloat16: dequant_rows(qp, sp, rows, d, out.data_ptr<c10::BFloat16>()); break;
+    case torch::kHalf: dequant_rows(qp, sp, rows, d, out.data_ptr<c10::Half>()); break;
+    default: TORCH_CHECK(false, "dequant_kv_int8: out_dtype must be float32, bfloat16 or float16");
+  }
+  return out;
 }
