@@ -158,6 +158,28 @@ def test_aligned_activation_fake_quant_equals_the_eager_ste(mod, dtype, bits):
     assert xa.grad.dtype == dtype and torch.equal(xa.grad, xb.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits,store", [(8, "round"), (4, "trunc")])
+def test_aligned_kv_fake_quant_equals_the_eager_ste(mod, dtype, bits, store):
+    from interq.quant.aligned import fq_kv
+
+    qcfg = QuantConfig(kv_bits=bits, kv_int8_store=store)
+    t = _awkward((2 * 3 * 5, 32), dtype, seed=bits).reshape(2, 3, 5, 32)
+    t[1, 2, 3, 4] = float("inf")
+    t[1, 1, 0, 7] = float("nan")
+    ta, tb = t.clone().requires_grad_(), t.clone().requires_grad_()
+    ya, yb = fq_kv(ta, qcfg), P.fq_kv_ste(tb, qcfg)
+    assert "FakeQuantKVSTE" in type(ya.grad_fn).__name__ and ya.dtype == yb.dtype == dtype
+    nan = torch.isnan(yb)
+    assert nan[1, 2, 3].all() and nan[1, 1, 0].all() and torch.equal(torch.isnan(ya), nan)
+    bits_of = (lambda x: x.view(torch.int32)) if dtype == torch.float32 else (lambda x: x.view(torch.int16))
+    assert torch.equal(bits_of(ya.detach())[~nan], bits_of(yb.detach())[~nan])  # signs of zero included
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    ya.backward(g)
+    yb.backward(g)
+    assert torch.equal(ta.grad, tb.grad)  # the clipped mask included (0 where the eager estimator gives 0)
+
+
 def test_the_aligned_learner_gives_the_same_logits_and_gradients_with_and_without_the_kernels(mod):
     from interq.quant import aligned
 

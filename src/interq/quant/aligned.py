@@ -51,8 +51,8 @@ def _aligned_attention(module: nn.Module, query, key, value, attention_mask, **k
     """Fake-quantize K (post-RoPE) and V per token and head, then run the model's own attention."""
     qcfg: QuantConfig = module.config._interq_kv_qcfg
     base = module.config._attn_implementation[len(_PREFIX):]
-    key = P.fq_kv_ste(key, qcfg)  # [B, H_kv, T, D]
-    value = P.fq_kv_ste(value, qcfg)  # [B, H_kv, T, D]
+    key = fq_kv(key, qcfg)  # [B, H_kv, T, D]
+    value = fq_kv(value, qcfg)  # [B, H_kv, T, D]
     if base == "eager":
         from transformers.models.llama.modeling_llama import eager_attention_forward as fn
     else:
@@ -127,6 +127,32 @@ def fq_activation(x: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
             and not x.is_cuda and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.numel()):
         return _FakeQuantActSTE.apply(x, int_qmax(qcfg.a_bits))
     return P.fq_activation_ste(x, qcfg)
+
+
+class _FakeQuantKVSTE(torch.autograd.Function):
+    """:func:`P.fq_kv_ste` for ``int8_per_token_head`` through the fused CPU kernel: the same forward value bit for
+    bit, and the same gradient (``grad * keep``, the mask computed from the saved input and scales exactly as the
+    eager estimator computes it)."""
+
+    @staticmethod
+    def forward(ctx, t, qmax, trunc, bits):
+        out, s = kernels.get().fake_quant_kv_int8(t.detach(), qmax, trunc, P.KV_MIN_SCALE)
+        ctx.save_for_backward(t, s)
+        ctx.bits = bits
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        t, s = ctx.saved_tensors
+        return grad * P._keep_int8(t, s, ctx.bits).to(grad.dtype), None, None, None
+
+
+def fq_kv(t: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
+    """``P.fq_kv_ste(t, qcfg)`` (same value, same gradient), through the fused CPU kernel where it applies."""
+    if (kernels.get() is not None and qcfg.kv_format == "int8_per_token_head" and not t.is_cuda
+            and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.numel()):
+        return _FakeQuantKVSTE.apply(t, int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round", qcfg.kv_bits)
+    return P.fq_kv_ste(t, qcfg)
 
 
 def clear_aligned_cache(model: nn.Module) -> None:

@@ -11,6 +11,8 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
 - ``dequant_kv_int8(q, s, dtype)`` = ``primitives.dequant_kv`` for int8 codes with per-row scales (the cache read)
 - ``fake_quant_act_int8(x, qmax)`` = the forward value of ``primitives.fq_activation_ste`` (int8, half_even): the
   aligned learner's activation fake quantization (its gradient, the identity, is :mod:`interq.quant.aligned`'s)
+- ``fake_quant_kv_int8(t, qmax, trunc, min_scale)`` = the forward value of ``primitives.fq_kv_ste`` for
+  ``int8_per_token_head`` (and the scales, from which :mod:`interq.quant.aligned` computes the gradient's mask)
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
 minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -c 'from interq.quant import kernels;
@@ -89,7 +91,7 @@ def load(verbose: bool = False):
                       "about a minute)", file=sys.stderr, flush=True)
             _STATE["module"] = load_inline(name, cpp_sources=[_SRC.read_text()],
                                            functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
-                                                      "fake_quant_act_int8"],
+                                                      "fake_quant_act_int8", "fake_quant_kv_int8"],
                                            extra_cflags=_FLAGS, build_directory=str(build_dir), verbose=verbose)
             _STATE["reason"] = "loaded"
         except Exception as e:  # no compiler, no headers, a failed build: the eager ops stay

@@ -7,6 +7,8 @@
 //                   of a fused q|k|v or gate|up group, each contiguous, already in the compute dtype
 //   quant_kv_int8:  interq.quant.primitives.quant_kv for int8_per_token_head (store round or trunc)
 //   dequant_kv_int8: interq.quant.primitives.dequant_kv for int8 codes with per-row scales (the cache read)
+//   fake_quant_kv_int8: the forward value of interq.quant.primitives.fq_kv_ste for int8_per_token_head K or V
+//                   (quantize, dequantize into t's dtype, plus the straight-through estimator's + 0), and the scales
 //   fake_quant_act_int8: the forward value of interq.quant.primitives.fq_activation_ste for int8 activations
 //                   (quantize, dequantize, plus the straight-through estimator's + 0), fp32
 // Compiled with -ffp-contract=off: no multiply-add may be fused into an FMA (that would change roundings).
@@ -271,4 +273,59 @@ torch::Tensor dequant_kv_int8(torch::Tensor q, torch::Tensor s, torch::ScalarTyp
     default: TORCH_CHECK(false, "dequant_kv_int8: out_dtype must be float32, bfloat16 or float16");
   }
   return out;
+}
+
+namespace {
+template <typename T>
+void fake_quant_kv_rows(const T* t, int64_t rows, int64_t d, int qmax, bool trunc, float min_scale, T* out,
+                        float* s) {
+  const float lo = -float(qmax + 1), hi = float(qmax);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = t + r * d;
+    const float amax = row_amax(row, d);
+    float sc = amax / float(qmax);
+    sc = sc < min_scale ? min_scale : sc;
+    s[r] = sc;
+    T* o = out + r * d;
+    if (!std::isfinite(amax)) {  // NaN or inf in the row: NaN everywhere, as the eager chain gives
+      for (int64_t j = 0; j < d; ++j) store_f(NAN, o + j);
+      continue;
+    }
+    const float inv = 1.0f / sc;
+    for (int64_t j = 0; j < d; ++j) {
+      const float code = static_cast<float>(to_code(load_f(row[j]) * inv, lo, hi, trunc));
+      // dequant_kv: float(q) * s rounded to t's dtype; then + (t - t) * keep = + 0 in t's dtype (-0 -> +0)
+      T v;
+      store_f(code * sc, &v);
+      store_f(load_f(v) + 0.0f, o + j);
+    }
+  }
+}
+}  // namespace
+
+// t [..., D] -> (fake-quantized t in t's dtype, s fp32 [..., 1])
+std::vector<torch::Tensor> fake_quant_kv_int8(torch::Tensor t, int64_t qmax, bool trunc, double min_scale) {
+  TORCH_CHECK(t.dim() >= 1 && t.device().is_cpu(), "fake_quant_kv_int8: t must be a CPU tensor");
+  t = t.contiguous();
+  const int64_t d = t.size(-1), rows = d ? t.numel() / d : 0;
+  auto out = torch::empty(t.sizes(), t.options());
+  auto sshape = t.sizes().vec();
+  sshape.back() = 1;
+  auto s = torch::empty(sshape, t.options().dtype(torch::kFloat32));
+  float* sp = s.data_ptr<float>();
+  const int qm = static_cast<int>(qmax);
+  const float ms = static_cast<float>(min_scale);
+  switch (t.scalar_type()) {
+    case torch::kFloat32:
+      fake_quant_kv_rows(t.data_ptr<float>(), rows, d, qm, trunc, ms, out.data_ptr<float>(), sp);
+      break;
+    case torch::kBFloat16:
+      fake_quant_kv_rows(t.data_ptr<c10::BFloat16>(), rows, d, qm, trunc, ms, out.data_ptr<c10::BFloat16>(), sp);
+      break;
+    case torch::kHalf:
+      fake_quant_kv_rows(t.data_ptr<c10::Half>(), rows, d, qm, trunc, ms, out.data_ptr<c10::Half>(), sp);
+      break;
+    default: TORCH_CHECK(false, "fake_quant_kv_int8: dtype must be float32, bfloat16 or float16, got ", t.scalar_type());
+  }
+  return {out, s};
 }
