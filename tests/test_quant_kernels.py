@@ -13,7 +13,7 @@ from interq.quant.linear import epilogue_fp32
 from interq.quant.testing import tiny_causal_lm
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
-                                reason="no C++ compiler: the executor keeps its eager ops")
+                                reason="no C++ compiler: the executor keeps its eager ops")  # ninja: a dependency
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,16 @@ def build_name() -> str:
     return "interq_int8_kernels_" + h.hexdigest()[:16]
 
 
+def _ninja_on_path() -> None:
+    """torch finds ninja on PATH; the ``ninja`` package installs it beside this interpreter, which is not on PATH when
+    the virtual environment is used without being activated (``.venv/bin/python ...``)."""
+    import shutil
+
+    here = str(Path(sys.executable).parent)
+    if shutil.which("ninja") is None and (Path(here) / "ninja").exists():
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+
+
 def set_enabled(value: bool) -> None:
     """Use the kernels when they load (True, the default unless ``INTERQ_CPU_KERNELS=0``) or the eager ops."""
     _ENABLED["value"] = bool(value)
@@ -82,6 +92,7 @@ def load(verbose: bool = False):
         try:
             from torch.utils.cpp_extension import load_inline
 
+            _ninja_on_path()
             build_dir.mkdir(parents=True, exist_ok=True)
             lock = build_dir / "lock"  # torch waits for ever on the lock of a build that was killed: drop a stale one
             if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
