@@ -16,10 +16,11 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
 minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -c 'from interq.quant import kernels;
-kernels.main()'``) into ``$INTERQ_KERNELS_DIR`` (default ``~/.cache/interq/kernels``), under a name that hashes the source, the torch
-version and the CPU's instruction-set flags (``-march=native``: a build is never loaded on a CPU it was not
-made for). Where it cannot be built (no compiler) the executor keeps the eager ops and says why in
-:func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. They never change a number, only the time.
+kernels.main()'``) into ``$INTERQ_KERNELS_DIR`` (default ``~/.cache/interq/kernels``), under a name that hashes
+the source, the torch version, the CPU's instruction-set flags (``-march=native``: a build is never loaded on a
+CPU it was not made for) and the virtual environment. Where it cannot be built (no compiler) the executor keeps
+the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. They never change a
+number, only the time.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ def _cpu_flags() -> str:
 
 
 def build_name() -> str:
-    """The extension's name: a hash of the source, the flags, torch's version and the CPU's ISA flags."""
+    """The extension's name: a hash of the source, the flags, torch's version, the CPU's ISA flags and the venv."""
     h = hashlib.sha256()
+    # sys.prefix: each virtual environment builds its own (its include paths are in the build file: two venvs
+    # sharing one directory would rebuild it in turn)
     for part in (_SRC.read_bytes(), " ".join(_FLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode(),
-                 sys.version.encode()):
+                 sys.version.encode(), sys.prefix.encode()):
         h.update(part)
     return "interq_int8_kernels_" + h.hexdigest()[:16]
 
