@@ -80,7 +80,8 @@ class QuantKVLayer(DynamicLayer):
         tensor [B, 2H, T, D] (per-token-head and per-layer scales act row by row or element by element, so the
         codes and scales are those of two separate calls, with half the ops)."""
         k = kernels.get()
-        if k is not None and qcfg.kv_format == "int8_per_token_head" and not key_states.is_cuda:
+        if (k is not None and qcfg.kv_format == "int8_per_token_head" and not key_states.is_cuda
+                and {key_states.dtype, value_states.dtype} <= {torch.float32, torch.bfloat16, torch.float16}):
             # the fused CPU kernel, once per tensor: the same codes and scales in 2 ops instead of ~16
             args = (int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round", P.KV_MIN_SCALE)
             return (*k.quant_kv_int8(key_states.detach(), *args), *k.quant_kv_int8(value_states.detach(), *args))

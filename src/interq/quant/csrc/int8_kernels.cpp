@@ -55,7 +55,8 @@ inline float row_amax(const T* row, int64_t k) {
   return nan ? NAN : amax;
 }
 
-// torch's clamp_(lo, hi) then round_() / trunc_() then .to(int8), for values already multiplied by the inverse scale
+// torch's round_() / trunc_() and clamp_(lo, hi) then .to(int8), for values already multiplied by the inverse scale
+// (clamping first gives the same value: the bounds are integers)
 inline int8_t to_code(float v, float lo, float hi, bool trunc) {
   v = v < lo ? lo : v;  // NaN stays NaN (as torch.clamp)
   v = v > hi ? hi : v;
@@ -72,12 +73,7 @@ void quant_rows(const T* x, int64_t rows, int64_t k, int64_t ld, int qmax, int8_
     // amax.reciprocal().mul_(qmax).masked_fill_(amax == 0, 0): a true division, then a multiply
     float inv = amax == 0.f ? 0.f : (1.0f / amax) * float(qmax);
     int8_t* qr = q + m * k;
-    for (int64_t j = 0; j < k; ++j) {
-      float v = load_f(row[j]) * inv;  // clamp before rounding: the same value (integer bounds)
-      v = v < lo ? lo : v;
-      v = v > hi ? hi : v;
-      qr[j] = static_cast<int8_t>(static_cast<int32_t>(std::nearbyint(v)));
-    }
+    for (int64_t j = 0; j < k; ++j) qr[j] = to_code(load_f(row[j]) * inv, lo, hi, false);
     s[m] = amax / float(qmax);
   }
 }
@@ -117,13 +113,8 @@ void fake_quant_rows(const T* x, int64_t rows, int64_t k, int64_t ld, int qmax, 
     }
     const float inv = amax == 0.f ? 0.f : (1.0f / amax) * float(qmax);
     const float sc = amax / float(qmax);
-    for (int64_t j = 0; j < k; ++j) {
-      float v = load_f(row[j]) * inv;
-      v = v < lo ? lo : v;
-      v = v > hi ? hi : v;
-      // q.float() * s, then + (x - x.detach()) = + 0: -0 becomes +0, as in the eager straight-through sum
-      o[j] = std::nearbyint(v) * sc + 0.0f;
-    }
+    // q.float() * s, then + (x - x.detach()) = + 0 (-0 would become +0, as in the eager straight-through sum)
+    for (int64_t j = 0; j < k; ++j) o[j] = static_cast<float>(to_code(load_f(row[j]) * inv, lo, hi, false)) * sc + 0.0f;
   }
 }
 }  // namespace
