@@ -180,7 +180,9 @@ def test_paired_differences_use_the_seeds_both_arms_have():
     d = out["q-interq - bf16"]
     assert d["seed_ids"] == [0, 2] and d["seeds"] == 2 and d["episodes"] == 4
     assert d["diff"] == pytest.approx(((2 - 4) + (0 - 2)) / 2 / 4)  # mean over seeds and episodes
-    assert "(seeds 0, 2)" in paired_table(out)
+    assert d["per_seed"] == [pytest.approx(-0.5), pytest.approx(-0.5)]  # seed 0: 1100 vs 1111, seed 2: 0000 vs 1100
+    assert d["ci95_seeds_and_tasks"][0] <= d["diff"] <= d["ci95_seeds_and_tasks"][1]
+    assert "(seeds 0, 2)" in paired_table(out) and "-0.500 / -0.500" in paired_table(out)
     # without seeds: paired by position, which needs as many runs in both arms
     assert paired_differences(runs) == {}
     # no seed in common: no pair

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from interq.train.stats import paired_difference, wilson_interval
+from interq.train.stats import paired_difference, paired_difference_over_seeds, wilson_interval
 
 
 def test_wilson_matches_the_closed_form():
@@ -42,3 +42,36 @@ def test_paired_difference_rejects_mismatched_shapes():
         paired_difference([[1, 0]], [[1, 0], [0, 1]])
     with pytest.raises(ValueError, match="episodes"):
         paired_difference([[1, 0]], [[1]])
+
+
+def test_paired_difference_over_seeds_widens_with_seeds_that_disagree():
+    rng = random.Random(2)
+    base = [[int(rng.random() < 0.3) for _ in range(200)] for _ in range(3)]
+    # seeds 0 and 2: a wins 40% of the tasks; seed 1: a equals b
+    gain = [[1 if i % 5 < 2 else 0 for i in range(200)], [0] * 200, [1 if i % 5 < 2 else 0 for i in range(200)]]
+    a = [[max(x, g) for x, g in zip(rb, rg)] for rb, rg in zip(base, gain)]
+    over = paired_difference_over_seeds(a, base, resamples=1000)
+    tasks = paired_difference(a, base, resamples=1000)
+    per_seed = [sum(x - y for x, y in zip(ra, rb)) / 200 for ra, rb in zip(a, base)]
+    assert over["per_seed"] == pytest.approx(per_seed, abs=1e-12) and per_seed[1] == 0 and per_seed[0] > 0.2
+    assert over["diff"] == pytest.approx(tasks["diff"], abs=1e-12) == pytest.approx(sum(per_seed) / 3)
+    # the tasks-only interval excludes the seed that gained nothing; resampling seeds reaches it
+    assert tasks["ci95"][0] > 0.12
+    assert over["ci95"][0] <= per_seed[1] + 0.02 and over["ci95"][1] >= min(per_seed[0], per_seed[2]) - 0.05
+    flipped = paired_difference_over_seeds(base, a, resamples=1000)
+    assert flipped["diff"] == pytest.approx(-over["diff"])
+    assert flipped["ci95"] == pytest.approx([-over["ci95"][1], -over["ci95"][0]], abs=1e-12)  # same draws, negated
+
+
+def test_paired_difference_over_seeds_equals_tasks_only_when_seeds_agree():
+    rng = random.Random(3)
+    base = [[int(rng.random() < 0.4) for _ in range(300)]] * 3  # three identical seeds
+    a = [[max(x, int(i % 4 == 0)) for i, x in enumerate(base[0])]] * 3
+    over = paired_difference_over_seeds(a, base, resamples=1000)
+    tasks = paired_difference(a, base, resamples=1000)
+    assert over["per_seed"] == [over["diff"]] * 3
+    # identical seeds: the seed draw changes nothing, both intervals estimate the same spread
+    for x, y in zip(over["ci95"], tasks["ci95"]):
+        assert x == pytest.approx(y, abs=0.015)
+    with pytest.raises(ValueError, match="seeds"):
+        paired_difference_over_seeds([[1, 0]], [[1, 0], [0, 1]])

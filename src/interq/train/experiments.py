@@ -307,7 +307,7 @@ def paired_differences(runs: dict, seeds: dict | None = None) -> dict:
     the seeds both arms have (``seeds[arm]``: the seed of each of ``runs[arm]``, in order; without it, runs are
     paired by position and both arms need as many), with per-episode outcomes of the same final step (episode i is
     the same task and sampling seed in every arm, :func:`interq.train.rl.evaluate`)."""
-    from interq.train.stats import paired_difference
+    from interq.train.stats import paired_difference, paired_difference_over_seeds
 
     def finals(recs):
         return [(_evals(r)[-1][0], _final_outcomes(r)) for r in recs]
@@ -327,7 +327,10 @@ def paired_differences(runs: dict, seeds: dict | None = None) -> dict:
         if len({st for st, _ in fa + fb}) != 1 or len({len(o) for _, o in fa + fb}) != 1:
             continue  # unequal final steps (a partial run) or held-out sets: not comparable episode by episode
         res = paired_difference([o for _, o in fa], [o for _, o in fb])
+        over = paired_difference_over_seeds([o for _, o in fa], [o for _, o in fb])
         out[f"{a} - {b}"] = {"diff": round(res["diff"], 4), "ci95": [round(x, 4) for x in res["ci95"]],
+                             "ci95_seeds_and_tasks": [round(x, 4) for x in over["ci95"]],
+                             "per_seed": [round(x, 4) for x in over["per_seed"]],
                              "seeds": res["n_seeds"], "episodes": res["n_episodes"]}
         if common is not None:
             out[f"{a} - {b}"]["seed_ids"] = common
@@ -355,12 +358,18 @@ def markdown_table(summary: dict, threshold: float) -> str:
 def paired_table(paired: dict) -> str:
     if not paired:
         return ""
-    rows = [f"| {k} | {v['diff']:+.3f} | [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}] | {v['seeds']} x {v['episodes']}"
+    def interval(ci):
+        return "n/a" if not ci else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+
+    rows = [f"| {k} | {v['diff']:+.3f} | {interval(v['ci95'])} | {interval(v.get('ci95_seeds_and_tasks'))} | "
+            + (" / ".join(f"{x:+.3f}" for x in v["per_seed"]) if v.get("per_seed") else "n/a")
+            + f" | {v['seeds']} x {v['episodes']}"
             + (f" (seed{'s' if len(v['seed_ids']) > 1 else ''} {', '.join(map(str, v['seed_ids']))})"
                if "seed_ids" in v else "") + " |"
             for k, v in paired.items()]
-    return ("| paired difference (final held-out success) | mean | 95% CI (tasks resampled) | seeds x episodes |\n"
-            "|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    return ("| paired difference (final held-out success) | mean | 95% CI (tasks resampled) | 95% CI (seeds and tasks "
+            "resampled) | per seed | seeds x episodes |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def plot_curves(runs: dict, path: Path, title: str) -> None:
