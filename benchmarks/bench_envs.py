@@ -26,7 +26,12 @@ Measured in one run on this machine:
 - one policy on two engines (``scripts/cross_engine_eval.py``): the household policy ``--policy`` (default the
   comparison study's warm start, ``runs/study/warm_start``) on its first ``--cross-engine-tasks`` held-out
   instances in household and in ALFWorld with the same seeds; ``cross_engine_success_diff`` = household minus
-  ALFWorld success (None, with a note, when the policy directory is missing).
+  ALFWorld success (None, with a note, when the policy directory is missing);
+- ``env.overlap`` (issue 14 item 1): the study's text-setting household policy (``--overlap-policy``) rolled out as
+  the trainer does, ``--overlap-episodes`` episodes in as many EnvPool workers whose environments take
+  ``--overlap-latency-ms`` a step (``LatencyEnv``: a slow engine's latency without its CPU, so the measure holds on a
+  busy machine), overlap off and on interleaved: wall seconds, the share spent waiting for environments,
+  ``overlap_speedup`` (the best latency's) and ``overlap_same_episodes``.
 
 The last line is ``RESULT {json}``, with ``machine`` (``interq.machine.machine_info()`` at the start,
 ``load_avg_end`` at the end): absolute numbers depend on the machine and its load.
@@ -340,7 +345,68 @@ def bench_cross_engine(policy_dir, n_tasks, cache):
             "cross_engine_s": rep.household_seconds + rep.alfworld_seconds}
 
 
-SECTIONS = ("household", "alfworld", "scienceworld", "pools", "fidelity", "cross_engine")
+def bench_overlap(policy_dir, episodes, latencies_ms, repeats):
+    """``env.overlap`` on and off, a household policy rolled out through ``interq.train.rl.rollout`` (as the trainer
+    does) with ``episodes`` EnvPool workers whose environments take ``latency`` ms a step (``LatencyEnv``: the
+    latency of a slow engine without its CPU). Wall seconds per rollout (median of ``repeats``, on and off
+    interleaved), the share of it spent waiting for environments, and whether both played the same episodes."""
+    if not (Path(policy_dir) / "config.json").is_file():
+        return {"overlap_speedup": None, "overlap_note": f"no policy at {policy_dir} (pass --overlap-policy)"}
+    import functools
+    import statistics
+
+    from interq.agent.loop import PooledEnvs
+    from interq.envs.pool import EnvPool, LatencyEnv
+    from interq.rollout import RolloutEngine
+    from interq.train import rl
+    from interq.train.build import build_executor, chat_format, env_factory, split_tasks
+    from interq.train.config import build_config
+    from interq.train.experiments import SETTINGS
+    from interq.train.policy import load_policy
+
+    base = SETTINGS["study"] + [f"env.num_workers={episodes}"]
+    cfg_off, cfg_on = (build_config("bf16", base + [f"env.overlap={x}"]) for x in ("false", "true"))
+    model, tok = load_policy(policy_dir)
+    fmt = chat_format(tok)
+    ex = build_executor(model, cfg_off.rollout)
+    engine = RolloutEngine(ex.module, cache_factory=ex.cache_factory, pad_token_id=fmt.pad_token_id)
+    make_env = env_factory(cfg_off.env)
+    tasks = split_tasks(make_env, cfg_off.env)[0][:episodes]
+    seeds, groups = [7000 + i for i in range(len(tasks))], list(range(len(tasks)))
+    rows, out = [], {}
+    for latency in latencies_ms:
+        env_fn = functools.partial(LatencyEnv, make_env, step_latency_s=latency / 1000)
+        with EnvPool(env_fn, len(tasks)) as pool:
+            envs = PooledEnvs(pool)
+            wall, waited, played = {"off": [], "on": []}, {"off": [], "on": []}, {}
+            for _ in range(repeats):
+                for mode, cfg in (("off", cfg_off), ("on", cfg_on)):
+                    env0, t0 = envs.seconds, time.perf_counter()
+                    eps = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg, envs)
+                    wall[mode].append(time.perf_counter() - t0)
+                    waited[mode].append(envs.seconds - env0)
+                    played[mode] = [(ep.actions, ep.rewards, ep.won) for ep in eps]
+        off, on = statistics.median(wall["off"]), statistics.median(wall["on"])
+        turns = sum(len(a) for a, _, _ in played["off"])
+        row = {"latency_ms": latency, "off_s": round(off, 3), "on_s": round(on, 3), "speedup": round(off / on, 3),
+               "env_wait_share_off": round(statistics.median(waited["off"]) / off, 3),
+               "env_wait_share_on": round(statistics.median(waited["on"]) / on, 3),
+               "same_episodes": played["off"] == played["on"], "turns": turns}
+        rows.append(row)
+        print(f"[overlap] {row}", file=sys.stderr, flush=True)
+    print("\n| env step latency (ms) | rollout, overlap off (s) | on (s) | speed-up | waiting for envs, off / on | "
+          "same episodes |\n|---|---|---|---|---|---|", file=sys.stderr)
+    for r in rows:
+        print(f"| {r['latency_ms']} | {r['off_s']:.2f} | {r['on_s']:.2f} | {r['speedup']:.2f}x | "
+              f"{r['env_wait_share_off']:.0%} / {r['env_wait_share_on']:.0%} | {r['same_episodes']} |", file=sys.stderr)
+    out["overlap"] = rows
+    out["overlap_speedup"] = max(r["speedup"] for r in rows)
+    out["overlap_same_episodes"] = all(r["same_episodes"] for r in rows)
+    out["overlap_policy"], out["overlap_episodes"] = str(policy_dir), len(tasks)
+    return out
+
+
+SECTIONS = ("household", "alfworld", "scienceworld", "pools", "fidelity", "cross_engine", "overlap")
 
 
 def main() -> int:
@@ -353,6 +419,11 @@ def main() -> int:
     ap.add_argument("--workers", default="1,2,4", help="EnvPool worker counts, comma-separated")
     ap.add_argument("--policy", default="runs/study/warm_start", help="household policy of the cross-engine check")
     ap.add_argument("--cross-engine-tasks", type=int, default=16)
+    ap.add_argument("--overlap-policy", default="results/study-text/warm_start",
+                    help="household policy (text actions) of the overlap section")
+    ap.add_argument("--overlap-episodes", type=int, default=8, help="episodes (= workers) of the overlap section")
+    ap.add_argument("--overlap-latency-ms", default="0,25,100", help="environment step latencies, comma-separated")
+    ap.add_argument("--overlap-repeats", type=int, default=3)
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"what to run, comma-separated: {','.join(SECTIONS)}")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     args = ap.parse_args()
@@ -368,6 +439,7 @@ def main() -> int:
     if args.quick:
         args.fidelity_per_type, args.alfworld_per_type, args.household_tasks = 1, 1, 30
         args.pool_episodes, args.pool_steps, args.cross_engine_tasks = 4, 3, 4
+        args.overlap_episodes, args.overlap_latency_ms, args.overlap_repeats = 4, "0,50", 1
     machine = machine_info()  # at the start; load_avg_end added at the end
     print(f"machine: {describe(machine)}", file=sys.stderr, flush=True)
     out: dict = {}
@@ -399,6 +471,9 @@ def main() -> int:
                             "fidelity_note": f"alfworld extra missing: {e}"})
         if "cross_engine" in sections:
             stage("cross_engine", bench_cross_engine(args.policy, args.cross_engine_tasks, cache))
+        if "overlap" in sections:
+            latencies = [float(x) for x in args.overlap_latency_ms.split(",") if x.strip()]
+            stage("overlap_", bench_overlap(args.overlap_policy, args.overlap_episodes, latencies, args.overlap_repeats))
     out["sections"] = sections
     out["total_s"] = time.perf_counter() - t_all
     out["machine"] = {**machine, "load_avg_end": load_avg()}

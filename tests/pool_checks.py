@@ -95,6 +95,39 @@ def check_programming_errors(pool) -> None:
     assert pool.step_batch(["look", None, None])[0].info["valid_action"]
 
 
+def check_split_steps(pool) -> None:
+    """``step_submit`` / ``step_collect``: tickets over disjoint slots out together, collected in any order, give
+    the results ``step_batch`` gives; an answer already in is taken even when collected after the step timeout; a
+    hung slot in one ticket times out without touching the other; a slot cannot be stepped twice at once, nor the
+    pool reset, while a ticket is out; a ticket is collected once."""
+    tasks = pool.tasks("train")[6:9]
+    pool.reset_batch(tasks)
+    reference = pool.step_batch(["look", "inventory", "look"])
+    pool.reset_batch(tasks)
+    a = pool.step_submit(["look", None, None])
+    b = pool.step_submit([None, "inventory", "look"])
+    with pytest.raises(EpisodeError, match="slot 0 is still stepping"):
+        pool.step_submit(["look", None, None])
+    with pytest.raises(EpisodeError, match="still stepping"):
+        pool.reset_batch(tasks)
+    got_b, got_a = pool.step_collect(b), pool.step_collect(a)   # out of order
+    assert got_a[1:] == [None, None] and got_b[0] is None
+    assert [got_a[0], got_b[1], got_b[2]] == reference
+    with pytest.raises(EpisodeError, match="already collected"):
+        pool.step_collect(a)
+    late = pool.step_submit(["look", None, None])
+    time.sleep(pool.step_timeout_s + 0.5)                         # the answer came long ago: not a timeout
+    assert pool.step_collect(late)[0].info["valid_action"]
+    hung = pool.step_submit([None, None, "__hang__"])
+    fine = pool.step_submit(["look", "look", None])
+    res = pool.step_collect(fine)
+    assert res[0].info["valid_action"] and res[1].info["valid_action"]
+    res = pool.step_collect(hung)
+    assert f"no answer within {pool.step_timeout_s:g} s" in res[2].info["failure"] and pool.active == [True, True, False]
+    pool.reset_batch(tasks)                                       # slot 2's worker replaced; the pool goes on
+    assert pool.step_batch(["look", "inventory", "look"]) == reference
+
+
 def die_once_then_household(marker: str):
     """An env_fn whose first call kills its own process (a worker lost at start, as under memory or load pressure,
     before it can report anything); later calls build the household env. ``marker``: a path, created by the first call."""

@@ -12,7 +12,8 @@ import pytest
 from interq.envs import make_env
 from interq.envs.pool import EnvPool, FaultInjectionEnv
 from pool_checks import (FAULTY_HOUSEHOLD, HOUSEHOLD, SIZES, check_hung_step_times_out,
-                         check_killed_worker_fails_only_its_episode, check_programming_errors, expert_run)
+                         check_killed_worker_fails_only_its_episode, check_programming_errors, check_split_steps,
+                         expert_run)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,10 @@ def test_killed_worker_fails_only_its_episode(pool):
 
 def test_hung_step_times_out(pool):
     check_hung_step_times_out(pool)
+
+
+def test_split_steps(pool):
+    check_split_steps(pool)
 
 
 def test_programming_errors(pool):
@@ -72,3 +77,20 @@ def test_a_worker_lost_at_start_is_started_again(tmp_path):
     from pool_checks import check_worker_lost_at_start_is_started_again
 
     check_worker_lost_at_start_is_started_again(EnvPool, tmp_path)
+
+
+def test_latency_env_keeps_results_and_takes_its_time():
+    import time
+
+    from interq.envs.pool import LatencyEnv
+
+    plain, slow = HOUSEHOLD(), LatencyEnv(HOUSEHOLD, step_latency_s=0.05, reset_latency_s=0.02)
+    task = plain.tasks("train")[0]
+    t0 = time.monotonic()
+    assert slow.reset(task) == plain.reset(task) and time.monotonic() - t0 >= 0.02
+    for action in ("look", "inventory", "not an action"):
+        t0 = time.monotonic()
+        assert slow.step(action) == plain.step(action)
+        assert time.monotonic() - t0 >= 0.05
+    with pytest.raises(ValueError, match="latencies must be >= 0"):
+        LatencyEnv(HOUSEHOLD, step_latency_s=-1)

@@ -18,7 +18,7 @@ import pytest
 from interq.envs import make_env
 from interq.envs.pool import EnvPoolError
 from pool_checks import (FAULTY_HOUSEHOLD, SIZES, check_hung_step_times_out, check_killed_worker_fails_only_its_episode,
-                         check_programming_errors, expert_run)
+                         check_programming_errors, check_split_steps, expert_run)
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +116,10 @@ def test_actor_lost_outside_a_step_is_reported_at_the_next_step(pool, ray):
 
 def test_hung_step_times_out(pool):
     check_hung_step_times_out(pool)
+
+
+def test_split_steps(pool):
+    check_split_steps(pool)
 
 
 def test_programming_errors_and_bad_arguments(pool):

@@ -80,9 +80,18 @@ def test_pool_episodes_equal_in_process(household_policy, layout):
             got = _episodes(household_policy, cfg, envs)
             assert envs.seconds > 0
         _same(ref, got, exact=workers >= len(ref))
+    # env.overlap: each wave in two halves, one generating while the other's environments step: the same episodes
+    # (sampling is per episode), log-probs to the rounding of a half-size generation batch
+    for workers in (6, 4):
+        over = build_config("household", HOUSEHOLD + [f"algo.layout={layout}", "rollout.executor=fp32",
+                                                      f"env.num_workers={workers}", "env.overlap=true"])
+        with EnvPool(env_factory(over.env), workers) as pool:
+            got = _episodes(household_policy, over, PooledEnvs(pool))
+        _same(ref, got, exact=False)
 
 
-def test_killed_and_hung_workers_cost_only_their_episodes(household_policy, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_killed_and_hung_workers_cost_only_their_episodes(household_policy, tmp_path, overlap):
     """During training step 1, the workers playing one task are SIGKILLed at their 2nd environment step and those
     playing another task hang there: those 4 episodes are recorded as failed (env/failed_episodes), not trained on;
     the step trains on the others, the run goes on (step 2, held-out evaluation, checkpoint), workers replaced."""
@@ -92,7 +101,8 @@ def test_killed_and_hung_workers_cost_only_their_episodes(household_policy, tmp_
     from interq.train.policy import load_policy
 
     cfg = build_config("household", HOUSEHOLD + ["env.num_workers=3", "env.step_timeout_s=4", "train.steps=2",
-                                                 "train.eval_every_steps=2", "train.checkpoint_every_steps=2"])
+                                                 "train.eval_every_steps=2", "train.checkpoint_every_steps=2",
+                                                 f"env.overlap={str(overlap).lower()}"])
     train_tasks, eval_tasks = split_tasks(env_factory(cfg.env), cfg.env)
     step1, _, _ = rl.step_tasks(train_tasks, cfg, 1)
     die, hang = step1[0].task_id, step1[2].task_id  # 2 episodes each (episodes_per_task=2)
@@ -151,6 +161,8 @@ def test_in_process_run_logs_env_metrics(tmp_path):
     (["env.num_workers=-1"], "env.num_workers=-1 is not accepted; it must be an integer >= 0"),
     (["env.num_workers=two"], "env.num_workers: expected an integer"),
     (["env.step_timeout_s=0"], "env.step_timeout_s=0"),
+    (["env.overlap=true"], "env.overlap=true needs env.num_workers >= 2 (got 0)"),
+    (["env.num_workers=1", "env.overlap=true"], "env.overlap=true needs env.num_workers >= 2 (got 1)"),
     (["env.prompt=fancy"], "env.prompt='fancy' is not accepted; choose one of ['compact', 'verl_agent', 'auto']"),
     (["env.prompt=verl_agent"], "env.prompt='verl_agent' needs env.action_format='text'"),
     (["env.action_format=json"], "choose one of ['text', 'index', 'auto']"),

@@ -28,12 +28,20 @@ Where the environments run (``envs``):
   per-turn seeds stay as in-process and no row waits inside a batch; the cost is that a wave lasts as long as its
   longest episode and generation runs at batch N. With N >= the batch, one wave: the in-process loop exactly.
 
+With ``overlap`` (``env.overlap``, a pool of N >= 2 workers) each wave is played in two halves, each its own engine
+session: one half's actions are submitted to its workers (:meth:`interq.envs.pool.BatchPool.step_submit`) and the
+other half generates while they step; its results are collected just before it generates again (a ping-pong
+pipeline, :func:`_drive`). The episodes are the same as without it (sampling is per episode; log-probs to the
+rounding of a smaller generation batch); the gain is bounded by the smaller of the generation and environment
+times per turn, and generating at half the batch costs more forwards (measured in docs/benchmarks.md: a loss for a
+tiny policy with fast environments, a small gain at 100-300 ms a step).
+
 A worker that crashes or hangs costs only its episode: the pool returns a failure result, the episode ends there
 with ``Episode.failed`` set to the reason (its last turn recorded with reward 0 and not valid), the other episodes
 go on, and the pool replaces the worker at the next wave's reset. A reset that fails is retried once on a fresh
 worker by the pool; one that fails again raises :class:`interq.envs.pool.EnvPoolError` (a task that cannot be
 started is a set-up error, not a lost episode). Environment time (building in-process envs, resets, steps;
-seconds) is summed in ``envs.seconds``.
+with a pool, the time spent waiting for its answers; seconds) is summed in ``envs.seconds``.
 """
 
 from __future__ import annotations
@@ -127,12 +135,20 @@ class InProcessEnvs:
         return self.envs[i].parse_action(text)
 
     def step(self, actions: dict[int, str]) -> dict[int, Any]:
+        return self.collect(self.submit(actions))
+
+    def submit(self, actions: dict[int, str]) -> dict[int, Any]:
+        """Step now (nothing runs in the background in this process); :meth:`collect` hands the results over."""
         import time
 
         t0 = time.perf_counter()
         out = {i: self.envs[i].step(a) for i, a in actions.items()}
         self.seconds += time.perf_counter() - t0
         return out
+
+    @staticmethod
+    def collect(ticket: dict[int, Any]) -> dict[int, Any]:
+        return ticket
 
     def end(self) -> None:
         for env in self.envs:
@@ -165,12 +181,26 @@ class PooledEnvs:
         return self.pool.parse_action(text)
 
     def step(self, actions: dict[int, str]) -> dict[int, Any]:
+        return self.collect(self.submit(actions))
+
+    def submit(self, actions: dict[int, str]):
+        """Send the actions to their workers and return at once (:meth:`interq.envs.pool.BatchPool.step_submit`)."""
         import time
 
         t0 = time.perf_counter()
-        res = self.pool.step_batch([actions.get(i) for i in range(self.pool.num_envs)])
+        ticket = self.pool.step_submit([actions.get(i) for i in range(self.pool.num_envs)])
         self.seconds += time.perf_counter() - t0
-        return {i: res[i] for i in actions}
+        return ticket, list(actions)
+
+    def collect(self, ticket) -> dict[int, Any]:
+        """Wait for a :meth:`submit`'s results ({episode: StepResult}); the time spent waiting counts as env time."""
+        import time
+
+        t0 = time.perf_counter()
+        pool_ticket, episodes = ticket
+        res = self.pool.step_collect(pool_ticket)
+        self.seconds += time.perf_counter() - t0
+        return {i: res[i] for i in episodes}
 
     def end(self) -> None:
         pass  # a slot still running an episode (cut by max_turns) is reset by the next wave
@@ -192,6 +222,7 @@ def play_episodes(
     render: Callable[..., str] = default_render,
     action_by_index: bool = False,
     envs: InProcessEnvs | PooledEnvs | None = None,
+    overlap: bool = False,
 ) -> list[Episode]:
     """Play ``len(tasks)`` episodes (episode i: ``tasks[i]``, sampling seed ``seeds[i]``) to the end.
 
@@ -199,6 +230,8 @@ def play_episodes(
     (rendered numbered); anything else is an unparseable action (penalty, passed on as-is).
     ``envs``: where the environments run (module docstring); default ``InProcessEnvs(make_env)``. Episodes are
     played in waves of ``envs.capacity`` (all at once in-process).
+    ``overlap``: play each wave in two halves, one generating while the other's environments step (module
+    docstring); the same episodes as without it (sampling is per episode), generation at half the batch.
     """
     if not (len(tasks) == len(seeds) == len(groups)):
         raise ValueError(f"tasks, seeds and groups must have the same length, got {len(tasks)}, {len(seeds)}, {len(groups)}")
@@ -212,22 +245,51 @@ def play_episodes(
     wave = envs.capacity or max(len(episodes), 1)
     for w0 in range(0, len(episodes), wave):
         _play_wave(engine, chat_format, envs, episodes[w0: w0 + wave], sampling, max_turns, invalid_action_penalty,
-                   layout, history_turns, render, action_by_index)
+                   layout, history_turns, render, action_by_index, overlap)
     return episodes
 
 
-def _play_wave(engine, fmt, envs, episodes, sampling, max_turns, penalty, layout, window, render, by_index) -> None:
+def _play_wave(engine, fmt, envs, episodes, sampling, max_turns, penalty, layout, window, render, by_index,
+               overlap=False) -> None:
     history: list[list[tuple[str, str]]] = [[] for _ in episodes]
     try:
         current = envs.reset([ep.task for ep in episodes])
+        n = len(episodes)
+        halves = [list(range(n // 2)), list(range(n // 2, n))] if overlap and n >= 2 else [list(range(n))]
         if layout == "concatenated":
-            _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, render,
-                               by_index)
+            lanes = [_concatenated_lane(engine, fmt, episodes, idx, current, history, sampling, render)
+                     for idx in halves]
         else:
-            _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, window,
-                           render, by_index)
+            lanes = [_per_turn_lane(engine, fmt, episodes, idx, current, history, sampling, window, render)
+                     for idx in halves]
+        _drive(lanes, envs, episodes, current, history, penalty, by_index, max_turns)
     finally:
         envs.end()
+
+
+def _drive(lanes, envs, episodes, current, history, penalty, by_index, max_turns) -> None:
+    """Run the lanes to their ends. A lane generates a turn's actions ({episode: text}), yields them, and is sent
+    back {episode: done} once they were stepped. With one lane: generate, step, repeat. With two: a lane's steps
+    are submitted and the other lane generates while they run; its results are collected just before it
+    generates again (a ping-pong pipeline: the environments of one half overlap the generation of the other)."""
+    queue = []  # (lane, parsed actions, ticket), in submit order
+    for lane in lanes:
+        _advance(lane, None, envs, current, by_index, queue)
+    while queue:
+        lane, parsed, ticket = queue.pop(0)
+        done_of = _record(episodes, current, history, parsed, envs.collect(ticket), penalty, max_turns)
+        _advance(lane, done_of, envs, current, by_index, queue)
+
+
+def _advance(lane, done_of, envs, current, by_index, queue) -> None:
+    """Send ``done_of`` to the lane, which generates its next actions; parse and submit them (or finish)."""
+    try:
+        texts = next(lane) if done_of is None else lane.send(done_of)
+    except StopIteration:
+        return
+    parsed = {i: parse_index(text, current[i].admissible_actions) if by_index else envs.parse_action(i, text)
+              for i, text in texts.items()}
+    queue.append((lane, parsed, envs.submit({i: p.action for i, p in parsed.items()})))
 
 
 def parse_index(text: str, admissible: Sequence[str] | None) -> ParsedAction:
@@ -238,13 +300,10 @@ def parse_index(text: str, admissible: Sequence[str] | None) -> ParsedAction:
     return ParsedAction(s, False)
 
 
-def _apply(envs, episodes, current, history, texts: dict[int, str], penalty: float, by_index: bool,
-           max_turns: int) -> dict[int, bool]:
-    """Parse the acting episodes' actions, step them in their environments together, record reward, anchor and
-    history, advance ``current``, enforce the turn limit; return {episode: done} (both layouts share this)."""
-    parsed = {i: parse_index(text, current[i].admissible_actions) if by_index else envs.parse_action(i, text)
-              for i, text in texts.items()}
-    results = envs.step({i: p.action for i, p in parsed.items()})
+def _record(episodes, current, history, parsed: dict[int, ParsedAction], results: dict[int, Any], penalty: float,
+            max_turns: int) -> dict[int, bool]:
+    """Record the stepped actions' reward, anchor and history, advance ``current``, enforce the turn limit; return
+    {episode: done} (both layouts share this)."""
     done_of = {}
     for i, p in parsed.items():
         ep, obs, result = episodes[i], current[i], results[i]
@@ -271,36 +330,43 @@ def _apply(envs, episodes, current, history, texts: dict[int, str], penalty: flo
     return done_of
 
 
-def _play_concatenated(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, render, by_index):
-    batch = engine.new_batch(seeds=[ep.seed for ep in episodes], sampling=sampling)
-    chats = [fmt.start() for _ in episodes]
-    obs_ids = {i: chats[i].observation(render(ep.task, current[i], 0, [], None)) for i, ep in enumerate(episodes)}
+def _concatenated_lane(engine, fmt, episodes, idx, current, history, sampling, render):
+    """The concatenated layout for the episodes ``idx`` (one engine session each, for its whole life): a generator
+    yielding each turn's {episode: action text} and sent {episode: done} (:func:`_drive`)."""
+    batch = engine.new_batch(seeds=[episodes[i].seed for i in idx], sampling=sampling)
+    chats = [fmt.start() for _ in idx]
+    obs_ids = {j: chats[j].observation(render(episodes[i].task, current[i], 0, [], None)) for j, i in enumerate(idx)}
     turn = 0
     while obs_ids:
         out = batch.step(obs_ids)
         obs_ids = {}
         texts = {}
-        for i, r in out.items():
-            ep = episodes[i]
-            text = chats[i].action(r.action_ids)
+        for j, r in out.items():
+            ep = episodes[idx[j]]
+            text = chats[j].action(r.action_ids)
             if r.truncated:  # context limit: the engine has already closed the episode
                 ep.truncated = ep.context_truncated = True
                 continue
-            texts[i] = text
+            texts[idx[j]] = text
+        done_of = (yield texts) if texts else {}
         finished = []
-        for i, done in _apply(envs, episodes, current, history, texts, penalty, by_index, max_turns).items():
-            if done:
-                finished.append(i)
+        for j, i in enumerate(idx):
+            if i not in done_of:
+                continue
+            if done_of[i]:
+                finished.append(j)
             else:
-                obs_ids[i] = chats[i].observation(render(episodes[i].task, current[i], turn + 1, history[i], None))
+                obs_ids[j] = chats[j].observation(render(episodes[i].task, current[i], turn + 1, history[i], None))
         batch.finish_many(finished)  # the episodes that ended this turn leave the cache in one pass
         turn += 1
-    for i, ep in enumerate(episodes):
-        ep.rows = [batch.trajectory(i)]
+    for j, i in enumerate(idx):
+        episodes[i].rows = [batch.trajectory(j)]
 
 
-def _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_turns, penalty, window, render, by_index):
-    live = list(range(len(episodes)))
+def _per_turn_lane(engine, fmt, episodes, idx, current, history, sampling, window, render):
+    """The per-turn layout for the episodes ``idx`` (a fresh one-turn session per episode and turn), as a lane of
+    :func:`_drive`."""
+    live = list(idx)
     turn = 0
     while live:
         # one fresh session per (episode, turn); the seed mixes the episode seed and the turn
@@ -320,6 +386,6 @@ def _play_per_turn(engine, fmt, envs, episodes, current, history, sampling, max_
                 ep.rows.pop()  # a prompt that did not fit has no action to train on
                 continue
             texts[i] = text
-        done = _apply(envs, episodes, current, history, texts, penalty, by_index, max_turns)
+        done = (yield texts) if texts else {}
         live = [i for i in live if i in done and not done[i]]
         turn += 1

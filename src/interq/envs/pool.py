@@ -6,6 +6,8 @@
     pool = EnvPool.from_name("household", num_envs=8, step_timeout_s=30, split_sizes={"train": 100})
     obs = pool.reset_batch(tasks)                     # one TaskSpec (or None: idle) per slot
     results = pool.step_batch(actions)                # one action (or None: skip) per slot
+    ticket = pool.step_submit(actions)                # or in two halves: send, do other work, then
+    results = pool.step_collect(ticket)               # wait (disjoint slots may have tickets out together)
     pool.close()
 
 Scripts that build a pool must guard their entry point with ``if __name__ == "__main__":`` (``spawn``
@@ -49,6 +51,15 @@ class EnvPoolError(RuntimeError):
     """A slot could not be brought up or reset even after a restart."""
 
 
+class StepTicket:
+    """Steps sent by :meth:`BatchPool.step_submit`, not yet collected: the transport's handles per slot, the slots
+    that failed before anything was sent (reason), the submit time (the step timeout counts from it)."""
+
+    def __init__(self, handles: dict[int, Any], failed: dict[int, str], submitted: float) -> None:
+        self.handles, self.failed, self.submitted = handles, failed, submitted
+        self.collected = False
+
+
 class SlotState:
     """What the batch API knows of a slot, whatever carries its messages."""
 
@@ -69,8 +80,10 @@ class BatchPool:
     - ``_kill(i)``: stop slot ``i``'s worker (no longer healthy nor active);
     - ``_submit(i, cmd, arg) -> (handle, error)``: send ``("reset", task)`` or ``("step", action)`` to slot ``i``'s
       worker; ``error`` (a failure reason) when it could not be sent;
-    - ``_wait(handles, timeout_s) -> {slot: (ok, result or failure reason)}``: the answers of ``{slot: handle}``,
-      never blocking past ``timeout_s``; reasons start with ``worker died``, ``worker timed out`` or ``env error``.
+    - ``_wait(handles, timeout_s, limit_s=None) -> {slot: (ok, result or failure reason)}``: the answers of
+      ``{slot: handle}``, never blocking past ``timeout_s`` (answers already in are taken even at 0 s); reasons
+      start with ``worker died``, ``worker timed out`` (naming ``limit_s``, the whole allowance, when given) or
+      ``env error``.
     """
 
     _unit = "workers"   # what the start failure calls them
@@ -88,6 +101,7 @@ class BatchPool:
         self.restarts = [0] * num_envs
         self.failures: list[tuple[int, str]] = []   # (slot, reason), in order
         self._parse_env: Env | None = None
+        self._pending_slots: set[int] = set()  # slots in a step_submit ticket not yet collected
         self._closed = False
         self._start(list(range(num_envs)))
         bad = [i for i in range(num_envs) if not self._slots[i].healthy]
@@ -119,7 +133,7 @@ class BatchPool:
     def _submit(self, i: int, cmd: str, arg: Any) -> tuple[Any, str | None]:
         raise NotImplementedError
 
-    def _wait(self, handles: dict[int, Any], timeout_s: float) -> dict[int, tuple[bool, Any]]:
+    def _wait(self, handles: dict[int, Any], timeout_s: float, limit_s: float | None = None) -> dict[int, tuple[bool, Any]]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -146,6 +160,9 @@ class BatchPool:
     def reset_batch(self, tasks: Sequence[TaskSpec | None]) -> list[Observation | None]:
         """Start an episode of ``tasks[i]`` in slot ``i`` (None leaves the slot idle, its episode dropped)."""
         self._check_open()
+        if self._pending_slots:
+            raise EpisodeError(f"reset_batch: slots {sorted(self._pending_slots)} are still stepping (collect their "
+                               "tickets first)")
         if len(tasks) > self.num_envs:
             raise ValueError(f"reset_batch: got {len(tasks)} tasks for {self.num_envs} slots")
         for i, t in enumerate(tasks):
@@ -182,9 +199,18 @@ class BatchPool:
 
     def step_batch(self, actions: Sequence[str | None]) -> list[StepResult | None]:
         """Step every slot whose action is not None; returns a result per slot (None where skipped)."""
+        return self.step_collect(self.step_submit(actions))
+
+    def step_submit(self, actions: Sequence[str | None]) -> "StepTicket":
+        """The first half of :meth:`step_batch`: send the actions and return at once, while the workers step.
+
+        Pass the ticket to :meth:`step_collect` for the results. Several tickets may be out at a time over disjoint
+        slots (the agent loop steps one half of a wave while it generates for the other half); a slot already in
+        an outstanding ticket cannot be stepped again until that ticket is collected (EpisodeError)."""
         self._check_open()
         if len(actions) != self.num_envs:
             raise ValueError(f"step_batch: expected {self.num_envs} actions (None to skip a slot); got {len(actions)}")
+        pending = self._pending_slots
         for i, a in enumerate(actions):
             if a is None:
                 continue
@@ -193,13 +219,29 @@ class BatchPool:
             if not self._slots[i].active:
                 raise EpisodeError(f"step_batch: slot {i} has no running episode (never reset, or it ended); "
                                    "reset it or pass None")
-        out: list[StepResult | None] = [None] * self.num_envs
+            if i in pending:
+                raise EpisodeError(f"step_submit: slot {i} is still stepping (collect its ticket first)")
         # a slot whose worker was lost earlier is reported here, with the reason recorded then
         failed = {i: self._slots[i].lost for i, a in enumerate(actions)
                   if a is not None and self._slots[i].lost is not None}
         handles = self._submit_all("step", {i: a for i, a in enumerate(actions)
                                             if a is not None and i not in failed}, failed)
-        for i, (ok, payload) in self._wait(handles, self.step_timeout_s).items():
+        ticket = StepTicket(handles, failed, time.monotonic())
+        self._pending_slots = pending | set(handles) | set(failed)
+        return ticket
+
+    def step_collect(self, ticket: "StepTicket") -> list[StepResult | None]:
+        """The second half of :meth:`step_batch`: wait for the ticket's answers (a worker gets ``step_timeout_s``
+        from the submit) and return a result per slot (None where skipped), failures as in :meth:`step_batch`."""
+        self._check_open()
+        if ticket.collected:
+            raise EpisodeError("step_collect: this ticket was already collected")
+        ticket.collected = True
+        self._pending_slots = self._pending_slots - set(ticket.handles) - set(ticket.failed)
+        out: list[StepResult | None] = [None] * self.num_envs
+        failed = dict(ticket.failed)
+        left = max(0.0, self.step_timeout_s - (time.monotonic() - ticket.submitted))
+        for i, (ok, payload) in self._wait(ticket.handles, left, self.step_timeout_s).items():
             if ok:
                 out[i] = payload
                 if payload.terminated or payload.truncated:
@@ -372,15 +414,16 @@ class EnvPool(BatchPool):
             s.conn.close()
         s.proc, s.conn, s.healthy, s.active = None, None, False, False
 
-    def _wait(self, slots: dict[int, _Slot], timeout_s: float) -> dict[int, tuple[bool, Any]]:
+    def _wait(self, slots: dict[int, _Slot], timeout_s: float, limit_s: float | None = None) -> dict[int, tuple[bool, Any]]:
         """Wait for one reply from each slot. Returns {slot: (ok, payload or reason)}; never blocks past timeout."""
         out: dict[int, tuple[bool, Any]] = {}
-        deadline = time.monotonic() + timeout_s
+        deadline, polled = time.monotonic() + timeout_s, False
         pending = dict(slots)
         while pending:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 and polled:
                 break
+            remaining, polled = max(remaining, 0.0), True  # answers already in are taken even when no time is left
             by_conn = {s.conn: i for i, s in pending.items()}
             by_sentinel = {s.proc.sentinel: i for i, s in pending.items()}
             ready = wait(list(by_conn) + list(by_sentinel), timeout=remaining)
@@ -402,7 +445,7 @@ class EnvPool(BatchPool):
                     out[i] = (False, f"worker died: exit code {s.proc.exitcode}")
                     del pending[i]
         for i in pending:
-            out[i] = (False, f"worker timed out: no answer within {timeout_s:g} s")
+            out[i] = (False, f"worker timed out: no answer within {timeout_s if limit_s is None else limit_s:g} s")
         return out
 
     def _send(self, i: int, msg: tuple) -> str | None:
@@ -516,4 +559,29 @@ class FaultInjectionEnv:
         self.inner.close()
 
 
-__all__ = ["BatchPool", "EnvPool", "EnvPoolError", "FaultInjectionEnv", "SlotState"]
+class LatencyEnv(FaultInjectionEnv):
+    """Wraps an env factory; every ``step`` takes at least ``step_latency_s`` (the wrapped step, then a sleep for
+    the rest), every ``reset`` at least ``reset_latency_s``. The results are the wrapped env's. A measuring
+    instrument: the latency of a slow engine (ALFWorld 15-300 ms a step) without its CPU, so the overlap of
+    environment steps with generation (``env.overlap``) can be measured on a machine busy with other work."""
+
+    def __init__(self, env_fn: Callable[[], Env], step_latency_s: float = 0.0, reset_latency_s: float = 0.0):
+        super().__init__(env_fn)
+        if step_latency_s < 0 or reset_latency_s < 0:
+            raise ValueError(f"latencies must be >= 0; got step {step_latency_s}, reset {reset_latency_s}")
+        self.step_latency_s, self.reset_latency_s = float(step_latency_s), float(reset_latency_s)
+
+    def reset(self, task: TaskSpec) -> Observation:
+        t0 = time.monotonic()
+        obs = super().reset(task)
+        time.sleep(max(0.0, self.reset_latency_s - (time.monotonic() - t0)))
+        return obs
+
+    def step(self, action: str) -> StepResult:
+        t0 = time.monotonic()
+        res = super().step(action)
+        time.sleep(max(0.0, self.step_latency_s - (time.monotonic() - t0)))
+        return res
+
+
+__all__ = ["BatchPool", "EnvPool", "EnvPoolError", "FaultInjectionEnv", "LatencyEnv", "SlotState"]

@@ -193,17 +193,18 @@ class RayEnvPool(BatchPool):
                 pass
         s.actor, s.pid, s.healthy, s.active, s.lost = None, None, False, False, None
 
-    def _wait(self, refs: dict[int, Any], timeout_s: float) -> dict[int, tuple[bool, Any]]:
+    def _wait(self, refs: dict[int, Any], timeout_s: float, limit_s: float | None = None) -> dict[int, tuple[bool, Any]]:
         """Wait for every ref at most ``timeout_s``. Returns {slot: (ok, result or failure reason)}."""
         ray = self._ray
         out: dict[int, tuple[bool, Any]] = {}
         by_ref = {ref: i for i, ref in refs.items()}
         pending = list(by_ref)
-        deadline = time.monotonic() + timeout_s
+        deadline, polled = time.monotonic() + timeout_s, False
         while pending:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 and polled:
                 break
+            remaining, polled = max(remaining, 0.0), True  # answers already in are taken even when no time is left
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=remaining)
             for ref in ready:
                 i = by_ref[ref]
@@ -212,7 +213,7 @@ class RayEnvPool(BatchPool):
                 except Exception as e:  # noqa: BLE001 - every Ray/env error becomes this slot's failure
                     out[i] = (False, _describe(ray, e))
         for ref in pending:
-            out[by_ref[ref]] = (False, f"worker timed out: no answer within {timeout_s:g} s")
+            out[by_ref[ref]] = (False, f"worker timed out: no answer within {timeout_s if limit_s is None else limit_s:g} s")
         return out
 
     def _submit(self, i: int, cmd: str, arg: Any) -> tuple[Any, str | None]:

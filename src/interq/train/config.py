@@ -86,6 +86,7 @@ class EnvConfig:
     invalid_action_penalty: float = 0.1  # spec §6
     env_kwargs: dict = field(default_factory=dict)  # extra keyword arguments for make_env
     num_workers: int = 0                # 0: environments in the trainer's process, stepped one by one; N > 0: an EnvPool of N worker processes stepping a step's episodes in parallel (in waves of N; a crashed or hung worker costs only its episode)
+    overlap: bool = False               # num_workers >= 2: play each wave in two halves, one generating while the other's environments step in the workers (slow engines: the env time hides behind generation; generation runs at half the batch); the same episodes as without it
     step_timeout_s: float = 300.0       # num_workers > 0: a worker that does not answer a step (or reset) within this many seconds is killed and its episode recorded as failed
 
 
@@ -463,6 +464,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"env.num_workers={e.num_workers!r} is not accepted; it must be an integer >= 0 "
                           "(0: in-process, N: an EnvPool of N worker processes)")
     _positive("env.step_timeout_s", e.step_timeout_s)
+    if not isinstance(e.overlap, bool):
+        raise ConfigError(f"env.overlap={e.overlap!r} is not accepted; it must be true or false")
+    if e.overlap and e.num_workers < 2:
+        raise ConfigError(f"env.overlap=true needs env.num_workers >= 2 (got {e.num_workers}): the environments of one "
+                          "half of the episodes step in worker processes while the other half generates")
 
     w = cfg.warm_start
     _positive("warm_start.num_demos", w.num_demos, allow_zero=not w.enabled)

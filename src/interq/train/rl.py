@@ -354,11 +354,14 @@ def rollout(engine, fmt, make_env, tasks, seeds, groups, sampling, cfg: RunConfi
     from interq.train.build import agent_render
     from interq.train.config import resolve_auto
 
+    from interq.agent.loop import PooledEnvs
+
     by_index = resolve_auto(cfg).env.action_format == "index"
     return play_episodes(engine, fmt, make_env, tasks, seeds, groups, sampling, max_turns=cfg.env.max_turns,
                          invalid_action_penalty=cfg.env.invalid_action_penalty, layout=cfg.algo.layout,
                          history_turns=cfg.rollout.history_turns, render=agent_render(cfg),
-                         action_by_index=by_index, envs=envs)
+                         action_by_index=by_index, envs=envs,
+                         overlap=cfg.env.overlap and isinstance(envs, PooledEnvs))
 
 
 def episode_stats(episodes: list[Episode], prefix: str) -> dict:
