@@ -38,6 +38,7 @@ def test_pinned_tiny_run_through_cli(tmp_path, capsys):
     for key in ("mismatch/k1", "mismatch/k3", "weights/ess", "interq/budget_bound_frac", "interq/lambda_abs_mean",
                 "time/rollout", "time/learner", "time/sync", "learner/forward_passes", "eval/success"):
         assert key in recs[2], key
+    assert 0 < recs[2]["time/learner_cpu"] and 0 < recs[2]["time/rollout_cpu"]  # CPU seconds of the process
     assert s1["learner/forward_passes"] == 1.0  # one epoch, one mini-batch: the proximal pass is skipped
     assert (out / "config.yaml").is_file() and (out / "checkpoints" / "step_000002" / "model.safetensors").is_file()
     assert (out / "warm_start" / "tokenizer.json").is_file()

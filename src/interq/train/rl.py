@@ -469,13 +469,13 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
                         "time/eval": time.perf_counter() - t0})
         for step in range(start + 1, t.steps + 1):
             rec: dict = {"step": step}
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             env_s0, restarts0 = envs.seconds, _restarts(envs)
             tasks, seeds, groups = step_tasks(train_tasks, cfg, step)
             episodes = rollout(engine, fmt, make_env, tasks, seeds, groups, sampling_params(cfg, fmt), cfg, envs)
             trained = [ep for ep in episodes if not ep.failed]  # a failed worker's episode is not trained on
             env_s = envs.seconds - env_s0
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             if trained:
                 batch = build_batch(trained, cfg.algo, fmt.pad_token_id)
                 rec.update(update(learner, batch, cfg, step))
@@ -485,11 +485,14 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
                 rec.update({"optim/steps": 0, "optim/nonfinite_steps": 0})
                 batch_rec = {"batch/rows": 0, "batch/action_tokens": 0, "batch/tokens": 0}
             bad_in_a_row = bad_in_a_row + 1 if rec["optim/nonfinite_steps"] and not rec["optim/steps"] else 0
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.process_time()
             sync_s = executor.sync(model)
             t3 = time.perf_counter()
             rec.update(episode_stats(episodes, "rollout"))
+            # wall seconds, and CPU seconds of this process (all its threads; not env workers): on a shared machine
+            # the CPU seconds compare runs, the wall seconds depend on the load
             rec.update({"time/rollout": t1 - t0, "time/learner": t2 - t1, "time/sync": t3 - t2, "sync/seconds": sync_s,
+                        "time/rollout_cpu": c1 - c0, "time/learner_cpu": c2 - c1,
                         "time/env": env_s, "env/failed_episodes": len(episodes) - len(trained),
                         "env/worker_restarts": _restarts(envs) - restarts0, **batch_rec})
             if t.eval_every_steps and (step % t.eval_every_steps == 0 or step == t.steps):
