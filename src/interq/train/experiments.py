@@ -79,10 +79,10 @@ REGIMES: dict[str, list[str]] = {
 }
 REGIME_EXECUTORS = {"natural": "W8A8-KV8", "matched": "W4A4-KV4 (mismatch matched to a warm-started SmolLM2's W8A8-KV8)"}
 # What the comparison study found (docs/results.md, "The study"); the demo prints it beside its own table.
-DEMO_FINDING = ("The comparison study (docs/results.md section 4, partial) separates the arms only in its text-action "
-                "setting under the matched W4A4-KV4 executor, after 100-200 steps: the arms whose learner runs the "
-                "executor's quantization (q-align, q-interq) end 13-22 points above q-tis and q-naive, and q-interq is "
-                "not separated from q-align. This 10-minute demo (action numbers, 20 steps) cannot show that: read it "
+DEMO_FINDING = ("The comparison study (docs/results.md section 4; 3 seeds, 200 steps) separates the arms only in its "
+                "text-action setting under the matched W4A4-KV4 executor, after 100-200 steps: the arms whose learner "
+                "runs the executor's quantization (q-align, q-interq) end 14-16 points above q-tis and q-naive, and "
+                "q-interq is not separated from q-align. This 10-minute demo (action numbers, 20 steps) cannot show that: read it "
                 "as the loop running end to end, not as evidence for or against InterQ.")
 
 
