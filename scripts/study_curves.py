@@ -22,13 +22,15 @@ RUN = re.compile(r"^(?P<arm>[A-Za-z0-9_.\-]+?)(?:@(?P<regime>[a-z]+))?-s(?P<seed
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("study_dir", type=Path)
-    ap.add_argument("--regime", default="matched", help="runs of this executor regime, plus bf16 (default: matched)")
+    ap.add_argument("--regime", default="matched", help="runs of this executor regime (natural or matched), plus bf16 "
+                    "(default: matched)")
     ap.add_argument("--target", type=int, default=200, help="the runs' last step (default: 200)")
     args = ap.parse_args()
     rows = []
     for d in sorted(p for p in args.study_dir.iterdir() if (p / "metrics.jsonl").is_file()):
         m = RUN.match(d.name)
-        if not m or (m["regime"] or "") not in ("", args.regime) or (m["regime"] is None and m["arm"] != "bf16"):
+        # a run of the natural regime has no @regime in its name (interq compare's naming); bf16 belongs to both
+        if not m or (m["arm"] != "bf16" and (m["regime"] or "natural") != args.regime):
             continue
         recs = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
         evals = {r["step"]: r["eval/success"] for r in recs if "eval/success" in r}
