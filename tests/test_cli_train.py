@@ -85,3 +85,23 @@ def test_run_keeps_what_the_env_reports_about_itself(tmp_path, monkeypatch):
     assert json.loads((out / "env_info.json").read_text()) == {"env": "household", "source": "built in"}
     summary = json.loads((out / "warm_start" / "policy_summary.json").read_text())
     assert summary["env"]["source"] == "built in" and summary["demos_stopped"] == 0
+
+
+def test_gradient_checkpointing_run_equals_the_plain_run(tmp_path):
+    """train.gradient_checkpointing=true (q-interq: the aligned learner) trains the same run: the same records to
+    float rounding, timings aside."""
+    from train_helpers import without_timings
+
+    runs = {}
+    for flag in ("false", "true"):
+        out = tmp_path / flag
+        assert main(["train", "--preset", "q-interq", "--out", str(out), *TOY, f"train.gradient_checkpointing={flag}"]) == 0
+        runs[flag] = [without_timings(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(runs["true"]) == len(runs["false"]) == 3
+    for a, b in zip(runs["false"], runs["true"]):
+        assert a.keys() == b.keys()
+        for k in a:
+            if isinstance(a[k], float):
+                assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7), k
+            else:
+                assert b[k] == a[k], k

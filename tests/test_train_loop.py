@@ -184,17 +184,17 @@ def _poison(monkeypatch, batch, which):
     from interq.train import rl
 
     first = batch.action_mask.float().argmax(-1)  # [B]
-    real = rl.learner_logprobs
+    real = rl._sequence_logprobs  # under every learner forward (proximal pass and training forward)
 
-    def poisoned(model, mb, b, *args, **kw):
-        out = real(model, mb, b, *args, **kw)
+    def poisoned(model, mb, b):
+        out = real(model, mb, b)
         hit = torch.zeros(out.shape, dtype=torch.bool)
         for j, r in enumerate(mb["idx"].tolist()):
             if r in which:
                 hit[j, first[r]] = True
         return torch.where(hit, float("-inf"), out)
 
-    monkeypatch.setattr(rl, "learner_logprobs", poisoned)
+    monkeypatch.setattr(rl, "_sequence_logprobs", poisoned)
 
 
 @pytest.mark.parametrize("arm, extra", [("q-tis", CONCAT), ("q-interq", []), ("q-interq", ["algo.loss_agg=token_mean"])])

@@ -176,6 +176,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0                    # torch.set_num_threads (0: leave alone)
     device: str = "cpu"                 # learner + executor: cpu | cuda | auto (cuda when a GPU is visible); warm start stays on cpu
+    gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward instead of keeping them (transformers' non-reentrant checkpointing): much less learner memory for about one more forward per micro-batch; the same gradients
     learner_autocast: str = "off"       # off | bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align)
     progress: bool = True
     tensorboard: bool = False
@@ -550,6 +551,8 @@ def validate(cfg: RunConfig) -> None:
         if not torch.cuda.is_available():
             raise ConfigError(f"train.device='cuda' is not accepted here: torch {torch.__version__} sees no CUDA GPU; "
                               "choose one of ['cpu', 'auto']")
+    if not isinstance(t.gradient_checkpointing, bool):
+        raise ConfigError(f"train.gradient_checkpointing={t.gradient_checkpointing!r} is not accepted; it must be true or false")
     _one_of("train.learner_autocast", t.learner_autocast, ("off", "bf16"))
     if t.learner_autocast == "bf16" and a.align:
         raise ConfigError("train.learner_autocast='bf16' is not accepted with algo.align=true: bf16 upstream of the "

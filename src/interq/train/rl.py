@@ -46,6 +46,7 @@ Deliberate departures from the paper (arXiv 2610.35303, only its abstract is pub
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sys
@@ -176,41 +177,77 @@ class Learner:
         self.forward_calls = 0  # learner forwards (micro-batches)
         self.forward_rows = 0   # rows those forwards covered: / batch rows = passes over the batch
         model.register_forward_hook(self._count, with_kwargs=True)
+        if cfg.train.gradient_checkpointing:
+            # each decoder layer's activations are recomputed in the backward (non-reentrant: the recomputation runs
+            # the same patched modules, so it must happen inside the forward's context: see update())
+            enable_activation_checkpointing(model)
 
     def _count(self, module, args, kwargs, output):
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.forward_calls += 1
         self.forward_rows += int(ids.shape[0]) if ids is not None else 0
 
-    def logprobs(self, mb: dict, batch: "Batch") -> torch.Tensor:
-        """Learner log-probs of the rows under the executor's sampling transform. [b, l]"""
+    def context(self):
+        """The learner's forward context (aligned forward, autocast): :func:`learner_context`."""
+        return learner_context(self.model, self.cfg.algo.align, self.qcfg, self.cfg.train.learner_autocast)
+
+    def logprobs(self, mb: dict, batch: "Batch", entered: bool = False) -> torch.Tensor:
+        """Learner log-probs of the rows under the executor's sampling transform. [b, l]
+        ``entered``: the caller is inside :meth:`context` already (the training forward, whose backward runs there)."""
+        if entered:
+            return _sequence_logprobs(self.model, mb, batch)
         return learner_logprobs(self.model, mb, batch, self.cfg.algo.align, self.qcfg, self.cfg.train.learner_autocast)
 
 
-def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool, qcfg=None,
-                     autocast: str = "off") -> torch.Tensor:
-    """Log-probs of a micro-batch's rows (``_rows``) under the executor's sampling transform; the aligned
-    (quantized-like) forward when ``align``; the forward under ``torch.autocast(bf16)`` when ``autocast='bf16'``
-    (``train.learner_autocast``; log-probs and gradients stay fp32). [b, l]"""
-    from contextlib import nullcontext
+def enable_activation_checkpointing(model: torch.nn.Module, enable: bool = True) -> None:
+    """transformers' activation (gradient) checkpointing of every decoder layer, non-reentrant (torch then checks
+    that the recomputation saves what the forward saved: a backward outside the forward's aligned context raises
+    ``CheckpointError`` instead of computing another gradient)."""
+    on = getattr(model, "activation_checkpointing_enable", None)  # newer transformers; older ones: gradient_checkpointing_*
+    if enable:
+        if on is not None:
+            on(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
 
-    from interq.rollout import sequence_logprobs
 
+@contextlib.contextmanager
+def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: str = "off"):
+    """Where the learner's forward runs: the aligned (quantized-like) forward when ``align``; under
+    ``torch.autocast(bf16)`` when ``autocast='bf16'`` (``train.learner_autocast``; log-probs and gradients stay fp32).
+    The training step also runs its backward here, so that gradient checkpointing recomputes the same forward."""
+    if autocast not in ("off", "bf16"):
+        raise ValueError(f"train.learner_autocast={autocast!r} is not accepted; choose one of ['off', 'bf16']")
     if align:
         from interq.quant import aligned
 
         ctx = aligned(model, qcfg)
     else:
-        ctx = nullcontext()
-    dev = next(model.parameters()).device  # train.device: the batch stays on the CPU, the forward runs there
-    if autocast not in ("off", "bf16"):
-        raise ValueError(f"train.learner_autocast={autocast!r} is not accepted; choose one of ['off', 'bf16']")
-    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if autocast == "bf16" else nullcontext()
+        ctx = contextlib.nullcontext()
+    dev = next(model.parameters()).device
+    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if autocast == "bf16" else contextlib.nullcontext()
     with cast, ctx:
-        # only action tokens are used (correction, loss, metrics): project to the vocabulary only there
-        out = sequence_logprobs(model, mb["input_ids"].to(dev), mb["attention_mask"].to(dev), temperature=batch.temperature,
-                                top_p=batch.top_p, score_mask=mb["action_mask"].to(dev))
+        yield
+
+
+def _sequence_logprobs(model: torch.nn.Module, mb: dict, batch: Batch) -> torch.Tensor:
+    from interq.rollout import sequence_logprobs
+
+    dev = next(model.parameters()).device  # train.device: the batch stays on the CPU, the forward runs there
+    # only action tokens are used (correction, loss, metrics): project to the vocabulary only there
+    out = sequence_logprobs(model, mb["input_ids"].to(dev), mb["attention_mask"].to(dev), temperature=batch.temperature,
+                            top_p=batch.top_p, score_mask=mb["action_mask"].to(dev))
     return out.to(mb["input_ids"].device)
+
+
+def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool, qcfg=None,
+                     autocast: str = "off") -> torch.Tensor:
+    """Log-probs of a micro-batch's rows (``_rows``) under the executor's sampling transform, inside
+    :func:`learner_context`. [b, l]"""
+    with learner_context(model, align, qcfg, autocast):
+        return _sequence_logprobs(model, mb, batch)
 
 
 def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatch: int, align: bool,
@@ -278,20 +315,21 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
             kept_tokens, kept_seqs = 0, set()  # what the correction really kept (skip: known only after the forward)
             for rows in micro_batches(batch, rows_mb, t.tokens_per_microbatch):
                 mb = _rows(batch, rows)
-                current = learner.logprobs(mb, batch)  # [b, l]
-                if skip:
-                    prox = current.detach()  # [b, l]
-                    proximal[mb["idx"], : mb["width"]] = prox
-                    c = compute_correction(a.correction, prox, mb["behavior"], mb["action_mask"],
-                                           traj_id=mb["traj_id"], turn_idx=mb["turn_idx"], config=ccfg)
-                    w, k = c.weights, c.keep_mask  # [b, l]
-                else:
-                    prox = proximal[mb["idx"], : mb["width"]]
-                    w, k = weights[mb["idx"], : mb["width"]], keep[mb["idx"], : mb["width"]]
-                loss, m = ppo_loss(current, prox, mb["advantages"], w, k, eps_low=a.clip_eps_low,
-                                   eps_high=a.clip_eps_high, aggregation=a.loss_agg, num_tokens=total_tokens,
-                                   num_seqs=total_seqs, seq_ids=mb["traj_id"])
-                loss.backward()
+                with learner.context():  # the backward too: gradient checkpointing recomputes this forward
+                    current = learner.logprobs(mb, batch, entered=True)  # [b, l]
+                    if skip:
+                        prox = current.detach()  # [b, l]
+                        proximal[mb["idx"], : mb["width"]] = prox
+                        c = compute_correction(a.correction, prox, mb["behavior"], mb["action_mask"],
+                                               traj_id=mb["traj_id"], turn_idx=mb["turn_idx"], config=ccfg)
+                        w, k = c.weights, c.keep_mask  # [b, l]
+                    else:
+                        prox = proximal[mb["idx"], : mb["width"]]
+                        w, k = weights[mb["idx"], : mb["width"]], keep[mb["idx"], : mb["width"]]
+                    loss, m = ppo_loss(current, prox, mb["advantages"], w, k, eps_low=a.clip_eps_low,
+                                       eps_high=a.clip_eps_high, aggregation=a.loss_agg, num_tokens=total_tokens,
+                                       num_seqs=total_seqs, seq_ids=mb["traj_id"])
+                    loss.backward()
                 nk = int(k.sum())
                 stats["loss/clip_frac"] += m["ppo/clip_frac"] * nk
                 mb_loss += float(loss.detach())
