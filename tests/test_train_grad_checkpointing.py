@@ -8,25 +8,13 @@ would recompute the plain forward; torch's non-reentrant checkpoint notices and 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from interq.quant import QuantConfig
 from interq.quant.testing import tiny_causal_lm
 from interq.train.rl import _sequence_logprobs, enable_activation_checkpointing, learner_context
-
-
-def _micro_batch():
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, 128, (3, 48), generator=g)  # [B, L]
-    mask = torch.ones_like(ids)
-    mask[1, 40:] = 0  # a right-padded row
-    action = torch.zeros_like(ids, dtype=torch.bool)
-    action[:, 12:20] = True
-    action[:, 30:38] = True
-    return {"input_ids": ids, "attention_mask": mask, "action_mask": action}, SimpleNamespace(temperature=1.0, top_p=1.0)
+from test_train_learner_autocast import _micro_batch
 
 
 def _grad(model, align, checkpointing, backward_inside=True):
@@ -35,7 +23,7 @@ def _grad(model, align, checkpointing, backward_inside=True):
     model.train()
     model.zero_grad(set_to_none=True)
     mb, batch = _micro_batch()
-    adv = torch.tensor([[1.0], [-0.5], [0.25]])  # [B, 1]
+    adv = torch.linspace(-1, 1, mb["input_ids"].shape[0])[:, None]  # [B, 1]
     with learner_context(model, align, qcfg):
         lp = _sequence_logprobs(model, mb, batch)  # [B, L]
         loss = -(lp * adv)[mb["action_mask"]].sum()
