@@ -94,3 +94,26 @@ def test_latency_env_keeps_results_and_takes_its_time():
         assert time.monotonic() - t0 >= 0.05
     with pytest.raises(ValueError, match="latencies must be >= 0"):
         LatencyEnv(HOUSEHOLD, step_latency_s=-1)
+
+
+def test_an_error_in_one_half_of_an_overlapped_wave_leaves_the_pool_usable():
+    """env.overlap: one half's steps are out in the workers when the other half's generation fails; the error is
+    raised and the steps are collected on the way out, so the pool can be reset for the next rollout."""
+    from interq.agent.loop import Episode, PooledEnvs, _drive
+
+    with EnvPool(HOUSEHOLD, num_envs=2, step_timeout_s=30) as pool:
+        envs = PooledEnvs(pool)
+        tasks = pool.tasks("train")[:2]
+        current = envs.reset(tasks)
+        episodes = [Episode(task=t, group=0, seed=0) for t in tasks]
+
+        def stepping():  # the first half: one action, then done
+            yield {0: "look"}
+
+        def failing():  # the second half: its generation fails
+            raise RuntimeError("generation failed")
+            yield  # noqa: unreachable - makes this a generator
+
+        with pytest.raises(RuntimeError, match="generation failed"):
+            _drive([stepping(), failing()], envs, episodes, current, [[], []], 0.1, False, 5)
+        assert pool.reset_batch(tasks)[0] == current[0]  # nothing left stepping: the pool resets

@@ -273,12 +273,20 @@ def _drive(lanes, envs, episodes, current, history, penalty, by_index, max_turns
     are submitted and the other lane generates while they run; its results are collected just before it
     generates again (a ping-pong pipeline: the environments of one half overlap the generation of the other)."""
     queue = []  # (lane, parsed actions, ticket), in submit order
-    for lane in lanes:
-        _advance(lane, None, envs, current, by_index, queue)
-    while queue:
-        lane, parsed, ticket = queue.pop(0)
-        done_of = _record(episodes, current, history, parsed, envs.collect(ticket), penalty, max_turns)
-        _advance(lane, done_of, envs, current, by_index, queue)
+    try:
+        for lane in lanes:
+            _advance(lane, None, envs, current, by_index, queue)
+        while queue:
+            lane, parsed, ticket = queue[0]
+            done_of = _record(episodes, current, history, parsed, envs.collect(ticket), penalty, max_turns)
+            queue.pop(0)
+            _advance(lane, done_of, envs, current, by_index, queue)
+    finally:  # an error left steps out in the workers: take their answers, so the pool can be reset and used again
+        for _, _, ticket in queue:
+            try:
+                envs.collect(ticket)
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
 
 
 def _advance(lane, done_of, envs, current, by_index, queue) -> None:
