@@ -31,18 +31,17 @@ def child(args) -> dict:
     from interq.rollout import sequence_logprobs
     from interq.train.rl import enable_activation_checkpointing, learner_context
 
+    from bench_learner import make_rows  # the same concatenated rows as the throughput benchmark (this directory)
+
     torch.set_num_threads(args.threads)
     model = load_smollm2(torch.float32)[0]
     enable_activation_checkpointing(model, args.child == "recomputed")
     model.train()
-    g = torch.Generator().manual_seed(0)
-    per = args.obs_tokens + args.act_tokens
-    ids = torch.randint(10, model.config.vocab_size - 10, (args.rows, args.turns * per), generator=g)  # [R, L]
-    act = ((torch.arange(args.turns * per) % per) >= args.obs_tokens)[None, :].expand(args.rows, -1).clone()  # [R, L]
+    ids, mask, act = make_rows(model.config.vocab_size, args.rows, args.turns, args.obs_tokens, args.act_tokens)  # [R, L]
     model_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     c0 = time.process_time()
     with learner_context(model, not args.plain, QuantConfig()):
-        current = sequence_logprobs(model, ids, torch.ones_like(ids), temperature=1.0, score_mask=act)  # [R, L]
+        current = sequence_logprobs(model, ids, mask, temperature=1.0, score_mask=act)  # [R, L]
         adv = act.float()  # [R, L]
         loss, _ = ppo_loss(current, current.detach(), adv, None, act, eps_low=0.2, eps_high=0.28, num_tokens=int(act.sum()))
         loss.backward()

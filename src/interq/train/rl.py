@@ -56,7 +56,7 @@ from pathlib import Path
 
 import torch
 
-from interq.agent.loop import Episode, play_episodes
+from interq.agent.loop import Episode, PooledEnvs, play_episodes
 from interq.train.config import AlgoConfig, NonFiniteTrainingError, RunConfig
 
 # ---------------------------------------------------------------------------------------------- advantages
@@ -391,8 +391,6 @@ def rollout(engine, fmt, make_env, tasks, seeds, groups, sampling, cfg: RunConfi
     in-process ``make_env()`` per episode)."""
     from interq.train.build import agent_render
     from interq.train.config import resolve_auto
-
-    from interq.agent.loop import PooledEnvs
 
     by_index = resolve_auto(cfg).env.action_format == "index"
     return play_episodes(engine, fmt, make_env, tasks, seeds, groups, sampling, max_turns=cfg.env.max_turns,
