@@ -59,13 +59,13 @@ def learner_pass(model, ids, mask, act, align: bool, qcfg: QuantConfig, bf16: bo
     """One micro-batch as ``rl.update`` runs it: current log-probs [R, L] (+ PPO loss and backward when ``backward``)."""
     ac, al = _ctx(model, align, qcfg, bf16, device)
     grad = torch.enable_grad() if backward else torch.no_grad()
-    with grad, ac, al:
+    with grad, ac, al:  # the backward too, as rl.update: checkpointed layers recompute the same (aligned) forward
         current = sequence_logprobs(model, ids, mask, temperature=1.0, score_mask=act)  # [R, L] fp32
-    if backward:
-        adv = torch.where(act, torch.ones_like(current), torch.zeros_like(current))  # [R, L]
-        loss, _ = ppo_loss(current, current.detach(), adv, None, act, eps_low=0.2, eps_high=0.28,
-                           num_tokens=int(act.sum()))
-        loss.backward()
+        if backward:
+            adv = torch.where(act, torch.ones_like(current), torch.zeros_like(current))  # [R, L]
+            loss, _ = ppo_loss(current, current.detach(), adv, None, act, eps_low=0.2, eps_high=0.28,
+                               num_tokens=int(act.sum()))
+            loss.backward()
     return current.detach()
 
 
