@@ -18,7 +18,8 @@ Follows ``shared/design/quant-spec.md``. Usage::
     with aligned(learner, qcfg):                          # learner forward with the same fake quant + STE
         logits = learner(input_ids=ids).logits
 
-(``past_key_values=`` is the older name of ``cache=`` in transformers 5.x; both work.)
+(``past_key_values=`` is the older name of ``cache=`` in transformers 5.x: an executor moves either to the name its
+forward takes, and the rollout engine passes the cache under that name, :mod:`interq._hf`.)
 """
 
 from interq.quant.aligned import aligned, clear_aligned_cache

@@ -20,6 +20,7 @@ import time
 import torch
 from torch import nn
 
+from interq._hf import cache_kwarg, with_cache
 from interq.quant import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig
@@ -96,9 +97,9 @@ def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
 
 def _inject_cache_hook(module: nn.Module, args, kwargs):
     qcfg = module.interq_qcfg
-    if qcfg.quantizes_kv and kwargs.get("cache") is None and kwargs.get("past_key_values") is None:
-        kwargs.pop("past_key_values", None)
-        kwargs["cache"] = make_kv_cache(qcfg, module.config)
+    kwargs = with_cache(module, kwargs)  # a cache passed as cache= or past_key_values=: the name the forward takes
+    if qcfg.quantizes_kv and kwargs.get(cache_kwarg(module)) is None:
+        kwargs[cache_kwarg(module)] = make_kv_cache(qcfg, module.config)
     return args, kwargs
 
 

@@ -30,6 +30,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from interq._hf import cache_kwarg
 from interq.rollout.sampling import SamplingParams, sample_tokens
 from interq.rollout.trajectory import Trajectory, TurnSpan
 
@@ -55,15 +56,27 @@ def forward_step(
 ) -> torch.Tensor:
     """Run ``input_ids`` [R, n] through ``model``, writing their K/V into ``cache``. -> fp32 logits [R, V] of the
     last column. ``attention_mask`` [R, K + n] covers the cache columns plus the new ones; ``position_ids`` [R, n].
+
+    The cache goes under the name the model's forward takes (``cache`` or, in earlier transformers 5.x releases,
+    ``past_key_values``: :mod:`interq._hf`); a forward that did not write the ``n`` new columns into it raises
+    instead of sampling from a context the model never saw.
     """
+    before = cache.get_seq_length()
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        cache=cache,
         use_cache=True,
         logits_to_keep=1,
+        **{cache_kwarg(model): cache},
     )
+    if cache.get_seq_length() != before + input_ids.shape[1]:
+        import transformers
+
+        raise RuntimeError(
+            f"forward_step: {type(model).__name__} did not write its {input_ids.shape[1]} new tokens into the KV cache "
+            f"(cache length {before} -> {cache.get_seq_length()}); it was passed as {cache_kwarg(model)}= "
+            f"(transformers {transformers.__version__}). The model must take the cache under that name and append to it.")
     return out.logits[:, -1, :].float()  # [R, V]
 
 
@@ -353,7 +366,7 @@ class RolloutEngine:
     """Holds the executor (a transformers causal LM, or any module with its forward signature) and makes batches.
 
     ``model`` is called as ``model(input_ids=, attention_mask=, position_ids=, cache=, use_cache=True,
-    logits_to_keep=1)`` and must return an object with ``.logits`` [R, 1, V]. ``cache_factory(model.config)``
+    logits_to_keep=1)`` (``past_key_values=`` instead of ``cache=`` when its forward names that) and must return an object with ``.logits`` [R, 1, V]. ``cache_factory(model.config)``
     returns a fresh transformers ``Cache`` (default ``DynamicCache``; pass the quantized KV cache for W8A8-KV8).
     ``info`` is copied into every trajectory; an executor from ``interq.quant.make_executor`` adds its
     ``quant_config`` there by itself. The engine keeps a reference to ``model``: weight sync
