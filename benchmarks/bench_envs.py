@@ -17,10 +17,9 @@ Measured in one run on this machine:
   ``*_pool_start_s``); then the timer covers every reset and step. A pool steps its slots in lockstep and resets
   them as a batch (``reset_batch``), so episodes run in waves of N. ``*_pool_speedup`` = the best worker count's
   episodes/s over in-process's; ``*_pool_same_outcomes``: every configuration played every episode the same
-  (steps and outcome) as in-process; ``*_pool_cores_used``: CPU seconds of this process and its worker
-  processes per wall second over each configuration's whole life: how much CPU it actually got (on a machine busy
-  with other work, more workers cannot help if this does not grow; ALFWorld only: ScienceWorld's CPU is spent in
-  its JVMs, which are not counted);
+  (steps and outcome) as in-process; ``*_pool_cores_used``: CPU seconds of this process and its live descendants
+  (workers, ScienceWorld's JVMs) per wall second over each configuration's whole life: how much CPU it actually got
+  (on a machine busy with other work, more workers cannot help if this does not grow);
 - the fidelity check (``interq.envs.alfworld.fidelity``): ``--fidelity-per-type`` household tasks of each of the
   six types walked in both engines (the full report: ``--fidelity-per-type 50``);
 - one policy on two engines (``scripts/cross_engine_eval.py``): the household policy ``--policy`` (default the
@@ -187,17 +186,28 @@ def _random_admissible(task_id, step, obs):
     return random.Random(f"{task_id}|{step}").choice(adm) if adm else "look"
 
 
-def _cpu_s(pids=()):
-    """CPU seconds of this process (all its threads) plus those of the running processes ``pids`` (the pool's
-    workers, read from /proc before they are closed)."""
+def _proc_stat(pid) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()  # fields from the state on
+    except OSError:
+        return None
+
+
+def _cpu_s():
+    """CPU seconds of this process (all its threads) plus those of its live descendants (the pool's workers and
+    the engines' own processes, e.g. ScienceWorld's JVMs), read from /proc: call it before they are closed."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     total = me.ru_utime + me.ru_stime
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-        except (OSError, ValueError, IndexError):
-            pass
+    stats = {int(d.name): st for d in Path("/proc").iterdir() if d.name.isdigit() and (st := _proc_stat(d.name))}
+    children: dict[int, list[int]] = {}
+    for pid, st in stats.items():
+        children.setdefault(int(st[1]), []).append(pid)  # field 4: ppid
+    todo = list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        st = stats[pid]
+        total += (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        todo += children.get(pid, [])
     return total
 
 
@@ -252,10 +262,9 @@ def _play_pool(pool, tasks, policy):
     return time.perf_counter() - t0, out, failed
 
 
-def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None, count_cores=True):
+def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
     """Episodes per second in-process and through EnvPool with each worker count; see the module docstring.
-    ``count_cores=False``: the env's CPU is spent in a process of its own (ScienceWorld's JVM), not counted, so the
-    CPU share is not reported."""
+    ``*_pool_cores_used`` counts this process and every live descendant (workers, ScienceWorld's JVMs)."""
     from interq.envs import make_env
     from interq.envs.pool import EnvPool
 
@@ -266,9 +275,9 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None, count_core
         warm(env, tasks)
     env.reset(tasks[0])  # untimed first reset (caches, JIT), as each pool worker gets below
     dt, ref = _play_in_process(env, tasks, policy)
-    env.close()
-    # CPU cores used over the env's whole life, as for the pools below
+    # CPU cores used over the env's whole life (its own processes included), as for the pools below
     cores = {"in_process": (_cpu_s() - c0) / (time.perf_counter() - t0)}
+    env.close()
     eps = {"in_process": len(tasks) / dt}
     start, same, failed = {}, True, 0
     for w in workers:
@@ -278,9 +287,9 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None, count_core
             start[str(w)] = time.perf_counter() - t0
             pool.reset_batch(tasks[:w])  # untimed first reset of every worker
             dt, got, f = _play_pool(pool, tasks, policy)
-            # CPU of this process and the workers over the pool's whole life, start-up included (no worker was
-            # replaced: a replaced worker's CPU would be missing)
-            cores[str(w)] = (_cpu_s([pool.worker_pid(i) for i in range(w)]) - c0) / (time.perf_counter() - t0)
+            # CPU of this process, the workers and their engines over the pool's whole life, start-up included (no
+            # worker was replaced: a replaced worker's CPU would be missing)
+            cores[str(w)] = (_cpu_s() - c0) / (time.perf_counter() - t0)
         finally:
             pool.close()
         eps[str(w)] = len(tasks) / dt
@@ -291,7 +300,7 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None, count_core
     best = max((k for k in eps if k != "in_process"), key=lambda k: eps[k])
     return {f"{name}_pool_episodes_per_s": eps, f"{name}_pool_speedup": eps[best] / eps["in_process"],
             f"{name}_pool_best_workers": int(best), f"{name}_pool_start_s": start,
-            f"{name}_pool_cores_used": cores if count_cores else None,
+            f"{name}_pool_cores_used": cores,
             f"{name}_pool_episodes": len(tasks), f"{name}_pool_steps": sum(s for s, _ in ref),
             f"{name}_pool_policy": policy, f"{name}_pool_same_outcomes": same, f"{name}_pool_failed_episodes": failed}
 
@@ -316,7 +325,7 @@ def bench_pools(n_tasks, n_steps, workers, cache):
     else:
         names = ["find-living-thing", "find-non-living-thing", "boil", "melt"]
         out.update(bench_pool("scienceworld", {"task_names": names, "max_variations": -(-n_tasks // len(names))},
-                              n_tasks, "expert", workers, count_cores=False))
+                              n_tasks, "expert", workers))
     return out
 
 
