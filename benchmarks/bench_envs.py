@@ -193,11 +193,12 @@ def _proc_stat(pid) -> list[str] | None:
         return None
 
 
-def _cpu_s():
-    """CPU seconds of this process (all its threads) plus those of its live descendants (the pool's workers and
-    the engines' own processes, e.g. ScienceWorld's JVMs), read from /proc: call it before they are closed."""
+def _cpu_s() -> dict:
+    """CPU seconds of this process (all its threads, key ``"self"``) and of each live descendant (the pool's workers
+    and the engines' own processes, e.g. ScienceWorld's JVMs; key: pid), read from /proc: call it before they are
+    closed. :func:`_cpu_since` turns two readings into the CPU spent in between."""
     me = resource.getrusage(resource.RUSAGE_SELF)
-    total = me.ru_utime + me.ru_stime
+    out: dict = {"self": me.ru_utime + me.ru_stime}
     stats = {int(d.name): st for d in Path("/proc").iterdir() if d.name.isdigit() and (st := _proc_stat(d.name))}
     children: dict[int, list[int]] = {}
     for pid, st in stats.items():
@@ -205,10 +206,16 @@ def _cpu_s():
     todo = list(children.get(os.getpid(), []))
     while todo:
         pid = todo.pop()
-        st = stats[pid]
-        total += (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        out[pid] = (int(stats[pid][11]) + int(stats[pid][12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
         todo += children.get(pid, [])
-    return total
+    return out
+
+
+def _cpu_since(start: dict) -> float:
+    """CPU seconds spent since the reading ``start`` by this process and the descendants alive now (a process that
+    ended in between, e.g. a closed environment's JVM still shutting down at ``start``, counts nothing)."""
+    now = _cpu_s()
+    return sum(v - start.get(k, 0.0) for k, v in now.items())
 
 
 def _play_in_process(env, tasks, policy):
@@ -276,7 +283,7 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
     env.reset(tasks[0])  # untimed first reset (caches, JIT), as each pool worker gets below
     dt, ref = _play_in_process(env, tasks, policy)
     # CPU cores used over the env's whole life (its own processes included), as for the pools below
-    cores = {"in_process": (_cpu_s() - c0) / (time.perf_counter() - t0)}
+    cores = {"in_process": _cpu_since(c0) / (time.perf_counter() - t0)}
     env.close()
     eps = {"in_process": len(tasks) / dt}
     start, same, failed = {}, True, 0
@@ -289,7 +296,7 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
             dt, got, f = _play_pool(pool, tasks, policy)
             # CPU of this process, the workers and their engines over the pool's whole life, start-up included (no
             # worker was replaced: a replaced worker's CPU would be missing)
-            cores[str(w)] = (_cpu_s() - c0) / (time.perf_counter() - t0)
+            cores[str(w)] = _cpu_since(c0) / (time.perf_counter() - t0)
         finally:
             pool.close()
         eps[str(w)] = len(tasks) / dt
