@@ -12,9 +12,13 @@ Measured in one run on this machine:
 - **episodes per second through ``EnvPool`` with 1, 2 and 4 worker processes against in-process stepping**
   (issue 14 item 1), ALFWorld and ScienceWorld, the same fixed tasks and policy in every configuration: ALFWorld
   plays ``--pool-episodes`` generated games (full ALFRED rooms) with a random-admissible policy seeded by (task,
-  step) for ``--pool-steps`` steps, ScienceWorld plays the gold paths of ``--pool-episodes`` variations. One
-  untimed reset per environment first (a pool is long-lived in training; its start-up is reported apart as
-  ``*_pool_start_s``); then the timer covers every reset and step. A pool steps its slots in lockstep and resets
+  step) for ``--pool-steps`` steps, ScienceWorld plays the gold paths of ``--pool-episodes`` variations. Each
+  engine first plays ``--pool-warmup-passes`` x ``--pool-episodes`` episodes untimed (default 1; in-process that is
+  one pass over the episodes, a pool of N workers plays N passes, since each worker gets 1/N of a pass; 0: one
+  untimed reset per environment only): a pool is long-lived in training, and a fresh engine is slower than a warm
+  one (ScienceWorld's JVM compiles its hot code during the first episodes: 0.98 -> 1.52 episodes/s from the first
+  to the second pass of one worker, docs/benchmarks.md); its start-up is reported apart as ``*_pool_start_s``. Then
+  the timer covers every reset and step of one more pass. A pool steps its slots in lockstep and resets
   them as a batch (``reset_batch``), so episodes run in waves of N. ``*_pool_speedup`` = the best worker count's
   episodes/s over in-process's; ``*_pool_same_outcomes``: every configuration played every episode the same
   (steps and outcome) as in-process; ``*_pool_cores_used``: CPU seconds of this process and its live descendants
@@ -35,7 +39,7 @@ Measured in one run on this machine:
 The last line is ``RESULT {json}``, with ``machine`` (``interq.machine.machine_info()`` at the start,
 ``load_avg_end`` at the end): absolute numbers depend on the machine and its load.
 
-    .venv/bin/python benchmarks/bench_envs.py [--fidelity-per-type 5] [--pool-episodes 8] [--workers 1,2,4] [--sections ...] [--quick]
+    .venv/bin/python benchmarks/bench_envs.py [--fidelity-per-type 5] [--pool-episodes 8] [--pool-warmup-passes 1] [--workers 1,2,4] [--sections ...] [--quick]
 """
 
 from __future__ import annotations
@@ -269,7 +273,7 @@ def _play_pool(pool, tasks, policy):
     return time.perf_counter() - t0, out, failed
 
 
-def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
+def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None, warmup_passes=1):
     """Episodes per second in-process and through EnvPool with each worker count; see the module docstring.
     ``*_pool_cores_used`` counts this process and every live descendant (workers, ScienceWorld's JVMs)."""
     from interq.envs import make_env
@@ -281,6 +285,8 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
     if warm is not None:
         warm(env, tasks)
     env.reset(tasks[0])  # untimed first reset (caches, JIT), as each pool worker gets below
+    for _ in range(warmup_passes):  # untimed: a long-lived engine is warm (JIT-compiled, caches filled)
+        _play_in_process(env, tasks, policy)
     dt, ref = _play_in_process(env, tasks, policy)
     # CPU cores used over the env's whole life (its own processes included), as for the pools below
     cores = {"in_process": _cpu_since(c0) / (time.perf_counter() - t0)}
@@ -293,6 +299,8 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
         try:
             start[str(w)] = time.perf_counter() - t0
             pool.reset_batch(tasks[:w])  # untimed first reset of every worker
+            for _ in range(warmup_passes * w):  # each worker's engine warms on as many episodes as in-process's
+                _play_pool(pool, tasks, policy)
             dt, got, f = _play_pool(pool, tasks, policy)
             # CPU of this process, the workers and their engines over the pool's whole life, start-up included (no
             # worker was replaced: a replaced worker's CPU would be missing)
@@ -312,7 +320,7 @@ def bench_pool(name, env_kwargs, n_tasks, policy, workers, warm=None):
             f"{name}_pool_policy": policy, f"{name}_pool_same_outcomes": same, f"{name}_pool_failed_episodes": failed}
 
 
-def bench_pools(n_tasks, n_steps, workers, cache):
+def bench_pools(n_tasks, n_steps, workers, cache, warmup_passes=1):
     out = {}
     try:
         import alfworld  # noqa: F401
@@ -324,7 +332,8 @@ def bench_pools(n_tasks, n_steps, workers, cache):
                 env.game_file(t)
 
         out.update(bench_pool("alfworld", {"source": "generated", "cache_dir": cache, "split_sizes": {"train": n_tasks},
-                                           "expert": False, "max_steps": n_steps}, n_tasks, "random", workers, write_games))
+                                           "expert": False, "max_steps": n_steps}, n_tasks, "random", workers, write_games,
+                              warmup_passes))
     try:
         import scienceworld  # noqa: F401
     except ImportError as e:
@@ -332,7 +341,8 @@ def bench_pools(n_tasks, n_steps, workers, cache):
     else:
         names = ["find-living-thing", "find-non-living-thing", "boil", "melt"]
         out.update(bench_pool("scienceworld", {"task_names": names, "max_variations": -(-n_tasks // len(names))},
-                              n_tasks, "expert", workers))
+                              n_tasks, "expert", workers, warmup_passes=warmup_passes))
+    out["pool_warmup_passes"] = warmup_passes
     return out
 
 
@@ -431,6 +441,8 @@ def main() -> int:
     ap.add_argument("--alfworld-per-type", type=int, default=1)
     ap.add_argument("--household-tasks", type=int, default=300)
     ap.add_argument("--pool-episodes", type=int, default=8, help="episodes per configuration (ALFWorld, ScienceWorld)")
+    ap.add_argument("--pool-warmup-passes", type=int, default=1, help="untimed passes over the episodes before the "
+                    "timed one, per configuration (0: one untimed reset only, the measurement before 2026-12-01 23:30)")
     ap.add_argument("--pool-steps", type=int, default=10, help="steps of each ALFWorld episode (random-admissible policy)")
     ap.add_argument("--workers", default="1,2,4", help="EnvPool worker counts, comma-separated")
     ap.add_argument("--policy", default="runs/study/warm_start", help="household policy of the cross-engine check")
@@ -473,7 +485,7 @@ def main() -> int:
         if "scienceworld" in sections:
             stage("science", bench_scienceworld(["find-living-thing", "boil", "melt"], 2))
         if "pools" in sections:
-            stage("", bench_pools(args.pool_episodes, args.pool_steps, workers, cache))
+            stage("", bench_pools(args.pool_episodes, args.pool_steps, workers, cache, args.pool_warmup_passes))
         if "fidelity" in sections:
             try:
                 from interq.envs.alfworld.fidelity import run_fidelity
