@@ -28,14 +28,14 @@ import argparse
 import json
 import statistics
 import time
-from contextlib import nullcontext
 
 import torch
 
 from interq.algo.loss import ppo_loss
 from interq.machine import bf16_native, describe, load_avg, machine_info, resolve_device, synchronize
-from interq.quant import QuantConfig, aligned, kernels
+from interq.quant import QuantConfig, kernels
 from interq.rollout import sequence_logprobs
+from interq.train.rl import learner_context
 
 
 def make_rows(vocab: int, rows: int, turns: int, obs_tokens: int, act_tokens: int, seed: int = 0):
@@ -48,18 +48,12 @@ def make_rows(vocab: int, rows: int, turns: int, obs_tokens: int, act_tokens: in
     return ids, torch.ones_like(ids), action[None, :].expand(rows, -1).clone()  # [R, L], [R, L], [R, L] bool
 
 
-def _ctx(model, align: bool, qcfg: QuantConfig, bf16: bool, device: torch.device):
-    ac = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    al = aligned(model, qcfg) if align else nullcontext()
-    return ac, al
-
-
-def learner_pass(model, ids, mask, act, align: bool, qcfg: QuantConfig, bf16: bool, device: torch.device,
+def learner_pass(model, ids, mask, act, align: bool, qcfg: QuantConfig, bf16: bool,
                  backward: bool = True) -> torch.Tensor:
     """One micro-batch as ``rl.update`` runs it: current log-probs [R, L] (+ PPO loss and backward when ``backward``)."""
-    ac, al = _ctx(model, align, qcfg, bf16, device)
+    ctx = learner_context(model, align, qcfg, "bf16" if bf16 else "off")  # the trainer's learner context
     grad = torch.enable_grad() if backward else torch.no_grad()
-    with grad, ac, al:  # the backward too, as rl.update: checkpointed layers recompute the same (aligned) forward
+    with grad, ctx:  # the backward too, as rl.update: checkpointed layers recompute the same (aligned) forward
         current = sequence_logprobs(model, ids, mask, temperature=1.0, score_mask=act)  # [R, L] fp32
         if backward:
             adv = torch.where(act, torch.ones_like(current), torch.zeros_like(current))  # [R, L]
@@ -92,7 +86,7 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
     for al, bf, eg in arms:
         kernels.set_enabled(not eg)
         model.zero_grad(set_to_none=True)
-        learner_pass(model, ids[:1, :w], mask[:1, :w], act[:1, :w], al, qcfg, bf, device)
+        learner_pass(model, ids[:1, :w], mask[:1, :w], act[:1, :w], al, qcfg, bf)
     fb = {label(*a): [] for a in arms}
     fwd = {label(*a): [] for a in arms}
     numerics: dict = {}
@@ -104,7 +98,7 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
             model.zero_grad(set_to_none=True)
             synchronize(device)
             t0 = time.perf_counter()
-            lp = learner_pass(model, ids, mask, act, al, qcfg, bf, device)
+            lp = learner_pass(model, ids, mask, act, al, qcfg, bf)
             synchronize(device)
             fb[k].append(time.perf_counter() - t0)
             if rnd == 0 and not eg:  # numerics of bf16 autocast against fp32, same batch, same align mode
@@ -123,7 +117,7 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
                 continue
             synchronize(device)
             t0 = time.perf_counter()
-            learner_pass(model, ids, mask, act, al, qcfg, bf, device, backward=False)
+            learner_pass(model, ids, mask, act, al, qcfg, bf, backward=False)
             synchronize(device)
             fwd[k].append(time.perf_counter() - t0)
         print(f"[{name}] round {rnd + 1}/{args.rounds}: " + ", ".join(f"{k} {fb[k][-1]:.2f}s" for k in fb), flush=True)

@@ -25,13 +25,11 @@ import time
 def child(args) -> dict:
     import torch
 
-    from interq.algo.loss import ppo_loss
     from interq.models.pretrained import load_smollm2
     from interq.quant import QuantConfig
-    from interq.rollout import sequence_logprobs
-    from interq.train.rl import enable_activation_checkpointing, learner_context
+    from interq.train.rl import enable_activation_checkpointing
 
-    from bench_learner import make_rows  # the same concatenated rows as the throughput benchmark (this directory)
+    from bench_learner import learner_pass, make_rows  # the throughput benchmark's rows and pass (this directory)
 
     torch.set_num_threads(args.threads)
     model = load_smollm2(torch.float32)[0]
@@ -40,11 +38,7 @@ def child(args) -> dict:
     ids, mask, act = make_rows(model.config.vocab_size, args.rows, args.turns, args.obs_tokens, args.act_tokens)  # [R, L]
     model_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     c0 = time.process_time()
-    with learner_context(model, not args.plain, QuantConfig()):
-        current = sequence_logprobs(model, ids, mask, temperature=1.0, score_mask=act)  # [R, L]
-        adv = act.float()  # [R, L]
-        loss, _ = ppo_loss(current, current.detach(), adv, None, act, eps_low=0.2, eps_high=0.28, num_tokens=int(act.sum()))
-        loss.backward()
+    learner_pass(model, ids, mask, act, not args.plain, QuantConfig(), bf16=False)  # log-probs, PPO loss, backward
     cpu = time.process_time() - c0
     grad_norm = float(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).norm())
     return {"mode": args.child, "model_gb": model_kb / 2**20, "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

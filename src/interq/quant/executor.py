@@ -97,9 +97,9 @@ def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
 
 def _inject_cache_hook(module: nn.Module, args, kwargs):
     qcfg = module.interq_qcfg
-    kwargs = with_cache(module, kwargs)  # a cache passed as cache= or past_key_values=: the name the forward takes
-    if qcfg.quantizes_kv and kwargs.get(cache_kwarg(module)) is None:
-        kwargs[cache_kwarg(module)] = make_kv_cache(qcfg, module.config)
+    kwargs, name = with_cache(module, kwargs), cache_kwarg(module)  # a cache under either name: the one forward takes
+    if qcfg.quantizes_kv and kwargs.get(name) is None:
+        kwargs[name] = make_kv_cache(qcfg, module.config)
     return args, kwargs
 
 

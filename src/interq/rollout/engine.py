@@ -61,21 +61,22 @@ def forward_step(
     ``past_key_values``: :mod:`interq._hf`); a forward that did not write the ``n`` new columns into it raises
     instead of sampling from a context the model never saw.
     """
-    before = cache.get_seq_length()
+    name, before = cache_kwarg(model), cache.get_seq_length()
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
         use_cache=True,
         logits_to_keep=1,
-        **{cache_kwarg(model): cache},
+        **{name: cache},
     )
-    if cache.get_seq_length() != before + input_ids.shape[1]:
+    after = cache.get_seq_length()
+    if after != before + input_ids.shape[1]:
         import transformers
 
         raise RuntimeError(
             f"forward_step: {type(model).__name__} did not write its {input_ids.shape[1]} new tokens into the KV cache "
-            f"(cache length {before} -> {cache.get_seq_length()}); it was passed as {cache_kwarg(model)}= "
+            f"(cache length {before} -> {after}); it was passed as {name}= "
             f"(transformers {transformers.__version__}). The model must take the cache under that name and append to it.")
     return out.logits[:, -1, :].float()  # [R, V]
 
