@@ -390,3 +390,31 @@ def test_exponential_race_equals_the_serial_loop(inference):
         assert not torch.equal(got[0], got[1])
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden,vocab", [(48, 96), (256, 4096)])
+def test_forward_step_projects_a_contiguous_last_column(dtype, hidden, vocab):
+    """A prefill of n > 1 columns hands the lm_head a contiguous [R, 1, H] (a strided slice with a frozen weight made
+    torch broadcast the weight to a batched matmul, one copy of it per row), with the logits of the sliced path:
+    the same bits in bf16 (the engines' dtype), fp32 to rounding."""
+    from interq._hf import cache_kwarg
+    from interq.rollout.engine import forward_step
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = LlamaForCausalLM(cfg).to(dtype).eval().requires_grad_(False)
+    seen = []
+    model.lm_head.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    ids = torch.randint(4, vocab, (5, 9))
+    mask, pos, name = torch.ones_like(ids), torch.arange(9).expand(5, 9), cache_kwarg(model)
+    with torch.inference_mode():
+        new = forward_step(model, DynamicCache(config=cfg), ids, mask, pos)  # [5, V]
+        old = model(input_ids=ids, attention_mask=mask, position_ids=pos, **{name: DynamicCache(config=cfg)},
+                    use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
+    assert seen[0] is True and seen[1] is False  # ours contiguous; the old slice was not
+    if dtype == torch.bfloat16:
+        assert torch.equal(new, old)
+    else:
+        torch.testing.assert_close(new, old, rtol=0, atol=1e-5)
