@@ -10,6 +10,10 @@ line record the machine (``machine``: ``interq.machine.machine_info()`` at the s
 Both sides sample at temperature 1 (no top-k / top-p) with a fixed action length (no stop tokens), so they
 generate the same number of tokens. ``generate`` gets the whole history as its prompt every turn (what an agent
 loop built on ``generate`` does); the engine prefills only the new observation tokens.
+
+Every measurement runs ``--rounds`` times (default 3) with the arms interleaved and their order rotated each round;
+tokens/s and seconds are medians, ratios the median of the per-round ratios (the figures of one single run moved by
+10-20% between quiet runs on the 2-core machine).
 """
 
 from __future__ import annotations
@@ -84,38 +88,72 @@ def generate_decode(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: in
     return prompt.shape[0] * new_tokens / (time.perf_counter() - t0)
 
 
+def _round3(v):
+    return round(v, 3) if isinstance(v, float) else [_round3(x) for x in v] if isinstance(v, list) else v
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def _rounds(timers: dict, rounds: int) -> dict[str, list[float]]:
+    """Every timer once per round, the order rotated each round (no arm always runs first, on a warmer or a busier
+    machine). -> {name: [value per round]}."""
+    names, out = list(timers), {name: [] for name in timers}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            out[name].append(timers[name]())
+    return out
+
+
 def bench_model(name: str, model: torch.nn.Module, args, quant_engine: RolloutEngine | None) -> dict:
+    """Medians over ``args.rounds`` interleaved rounds; each ratio is the median of the per-round ratios (paired)."""
     vocab = model.config.vocab_size
     engine = RolloutEngine(model, max_context_tokens=100_000)
-    res: dict = {"model": name, "dtype": str(model.dtype).replace("torch.", "")}
+    res: dict = {"model": name, "dtype": str(model.dtype).replace("torch.", ""), "rounds": args.rounds}
     # warm-up (allocator, lazy init) on a tiny case, both paths
     warm = [random_tokens(2, 4, vocab, 99)]
     engine_multiturn(engine, warm, 2)
     generate_multiturn(model, warm, 2)
 
     obs = [random_tokens(args.episodes, args.obs_tokens, vocab, seed=t) for t in range(args.turns)]
-    res["multiturn_engine_s"] = engine_multiturn(engine, obs, args.act_tokens)
-    res["multiturn_generate_s"] = generate_multiturn(model, obs, args.act_tokens)
-    res["multiturn_speedup_vs_generate"] = res["multiturn_generate_s"] / res["multiturn_engine_s"]
-    print(f"[{name}] multi-turn {args.episodes} eps x {args.turns} turns x ({args.obs_tokens} obs + {args.act_tokens} act): "
-          f"engine {res['multiturn_engine_s']:.2f} s, generate {res['multiturn_generate_s']:.2f} s, "
-          f"speedup {res['multiturn_speedup_vs_generate']:.2f}x", flush=True)
+    timers = {"engine": lambda: engine_multiturn(engine, obs, args.act_tokens),
+              "generate": lambda: generate_multiturn(model, obs, args.act_tokens)}
     if quant_engine is not None and args.int8_multiturn:
-        res["multiturn_int8_engine_s"] = engine_multiturn(quant_engine, obs, args.act_tokens)
-        print(f"[{name}] multi-turn int8 W8A8-KV8 engine {res['multiturn_int8_engine_s']:.2f} s", flush=True)
+        timers["int8"] = lambda: engine_multiturn(quant_engine, obs, args.act_tokens)
+    t = _rounds(timers, args.rounds)  # seconds
+    res["multiturn_engine_s"], res["multiturn_generate_s"] = _median(t["engine"]), _median(t["generate"])
+    res["multiturn_speedup_vs_generate"] = _median([g / e for g, e in zip(t["generate"], t["engine"])])
+    res["multiturn_speedup_by_round"] = [g / e for g, e in zip(t["generate"], t["engine"])]
+    print(f"[{name}] multi-turn {args.episodes} eps x {args.turns} turns x ({args.obs_tokens} obs + {args.act_tokens} act), "
+          f"median of {args.rounds}: engine {res['multiturn_engine_s']:.2f} s, generate {res['multiturn_generate_s']:.2f} s, "
+          f"speedup {res['multiturn_speedup_vs_generate']:.2f}x (rounds: "
+          + ", ".join(f"{x:.2f}" for x in res["multiturn_speedup_by_round"]) + ")", flush=True)
+    if "int8" in t:
+        res["multiturn_int8_engine_s"] = _median(t["int8"])
+        res["multiturn_int8_over_bf16"] = _median([e / q for e, q in zip(t["engine"], t["int8"])])
+        print(f"[{name}] multi-turn int8 W8A8-KV8 engine {res['multiturn_int8_engine_s']:.2f} s "
+              f"({res['multiturn_int8_over_bf16']:.2f}x the bf16 engine)", flush=True)
 
     for bs in (1, 16):
         prompt = random_tokens(bs, args.prompt_tokens, vocab, seed=100 + bs)
-        e = engine_decode(engine, prompt, args.decode_tokens)
-        g = generate_decode(model, prompt, args.decode_tokens)
-        res[f"decode_bs{bs}_engine_tok_s"], res[f"decode_bs{bs}_generate_tok_s"] = e, g
-        res[f"decode_bs{bs}_vs_generate"] = e / g
-        line = f"[{name}] decode bs{bs} ({args.prompt_tokens} prompt + {args.decode_tokens} new): engine {e:.1f} tok/s, generate {g:.1f} tok/s ({e / g:.2f}x)"
+        timers = {"engine": lambda: engine_decode(engine, prompt, args.decode_tokens),
+                  "generate": lambda: generate_decode(model, prompt, args.decode_tokens)}
         if quant_engine is not None:
-            q = engine_decode(quant_engine, prompt, args.decode_tokens)
-            res[f"decode_bs{bs}_int8_tok_s"] = q
-            res[f"int8_over_bf16_bs{bs}"] = q / e
-            line += f", int8 executor {q:.1f} tok/s ({q / e:.2f}x engine)"
+            timers["int8"] = lambda: engine_decode(quant_engine, prompt, args.decode_tokens)
+        t = _rounds(timers, args.rounds)  # tokens/s
+        e, g = _median(t["engine"]), _median(t["generate"])
+        res[f"decode_bs{bs}_engine_tok_s"], res[f"decode_bs{bs}_generate_tok_s"] = e, g
+        res[f"decode_bs{bs}_vs_generate"] = _median([a / b for a, b in zip(t["engine"], t["generate"])])
+        line = (f"[{name}] decode bs{bs} ({args.prompt_tokens} prompt + {args.decode_tokens} new), median of {args.rounds}: "
+                f"engine {e:.1f} tok/s, generate {g:.1f} tok/s ({res[f'decode_bs{bs}_vs_generate']:.2f}x)")
+        if "int8" in t:
+            res[f"decode_bs{bs}_int8_tok_s"] = _median(t["int8"])
+            res[f"int8_over_bf16_bs{bs}"] = _median([q / a for q, a in zip(t["int8"], t["engine"])])
+            res[f"int8_over_bf16_bs{bs}_by_round"] = [q / a for q, a in zip(t["int8"], t["engine"])]
+            line += (f", int8 executor {res[f'decode_bs{bs}_int8_tok_s']:.1f} tok/s ({res[f'int8_over_bf16_bs{bs}']:.2f}x engine; "
+                     "rounds: " + ", ".join(f"{x:.2f}" for x in res[f"int8_over_bf16_bs{bs}_by_round"]) + ")")
         print(line, flush=True)
     return res
 
@@ -133,10 +171,14 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--skip-smollm2", action="store_true")
     p.add_argument("--int8-multiturn", action="store_true", help="also time the multi-turn episodes on the int8 executor")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds per measurement, order rotated; medians (and paired ratio medians) reported")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     args = p.parse_args()
     if args.quick:
-        args.episodes, args.turns, args.decode_tokens = 4, 3, 8
+        args.episodes, args.turns, args.decode_tokens, args.rounds = 4, 3, 8, 1
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(args.threads)
     try:
         dev = resolve_device(args.device, "--device")
@@ -172,6 +214,7 @@ def main() -> None:
         "model": head["model"],
         "dtype": args.dtype,
         "threads": args.threads,
+        "rounds": args.rounds,
         "device": str(dev),
         "machine": machine,
         "shape": {"episodes": args.episodes, "turns": args.turns, "obs_tokens": args.obs_tokens, "act_tokens": args.act_tokens,
@@ -183,7 +226,7 @@ def main() -> None:
         "decode_bs16_engine_tok_s": round(head["decode_bs16_engine_tok_s"], 1),
         "decode_bs16_generate_tok_s": round(head["decode_bs16_generate_tok_s"], 1),
         "decode_bs16_int8_tok_s": round(head["decode_bs16_int8_tok_s"], 1) if "decode_bs16_int8_tok_s" in head else None,
-        "per_model": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in results],
+        "per_model": [{k: _round3(v) for k, v in r.items()} for r in results],
     }
     print("RESULT " + json.dumps(summary))
 
