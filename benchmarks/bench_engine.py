@@ -19,6 +19,7 @@ tokens/s and seconds are medians, ratios the median of the per-round ratios (the
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 
@@ -107,10 +108,12 @@ def _rounds(timers: dict, rounds: int) -> dict[str, list[float]]:
     return out
 
 
-def bench_model(name: str, model: torch.nn.Module, args, quant_engine: RolloutEngine | None) -> dict:
-    """Medians over ``args.rounds`` interleaved rounds; each ratio is the median of the per-round ratios (paired)."""
+def bench_model(name: str, model: torch.nn.Module, args, quant_engine: RolloutEngine | None,
+                engine_model: torch.nn.Module | None = None) -> dict:
+    """Medians over ``args.rounds`` interleaved rounds; each ratio is the median of the per-round ratios (paired).
+    ``engine_model``: the engine's copy of ``model`` when its attention differs (``--attention``); else ``model``."""
     vocab = model.config.vocab_size
-    engine = RolloutEngine(model, max_context_tokens=100_000)
+    engine = RolloutEngine(engine_model if engine_model is not None else model, max_context_tokens=100_000)
     res: dict = {"model": name, "dtype": str(model.dtype).replace("torch.", ""), "rounds": args.rounds}
     # warm-up (allocator, lazy init) on a tiny case, both paths
     warm = [random_tokens(2, 4, vocab, 99)]
@@ -171,6 +174,8 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--skip-smollm2", action="store_true")
     p.add_argument("--int8-multiturn", action="store_true", help="also time the multi-turn episodes on the int8 executor")
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "sdpa_packed"],
+                   help="the engines' attention (rollout.attention); generate keeps transformers' sdpa")
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds per measurement, order rotated; medians (and paired ratio medians) reported")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
@@ -206,7 +211,14 @@ def main() -> None:
             qcfg = QuantConfig()
             quant_engine = RolloutEngine(make_executor(model, qcfg), cache_factory=lambda c, q=qcfg: make_kv_cache(q, c),
                                          max_context_tokens=100_000)
-        results.append(bench_model(name, model, args, quant_engine))
+        engine_model = None
+        if args.attention != "sdpa":
+            from interq.rollout.attention import set_rollout_attention
+
+            engine_model = set_rollout_attention(copy.deepcopy(model), args.attention)
+            if quant_engine is not None:
+                set_rollout_attention(quant_engine.model, args.attention)
+        results.append(bench_model(name, model, args, quant_engine, engine_model))
 
     head = results[0]
     machine["load_avg_end"] = load_avg()
@@ -215,6 +227,7 @@ def main() -> None:
         "dtype": args.dtype,
         "threads": args.threads,
         "rounds": args.rounds,
+        "attention": args.attention,
         "device": str(dev),
         "machine": machine,
         "shape": {"episodes": args.episodes, "turns": args.turns, "obs_tokens": args.obs_tokens, "act_tokens": args.act_tokens,

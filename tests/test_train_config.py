@@ -52,6 +52,7 @@ def test_overrides_parse_yaml_scalars_and_nest():
     ("algo.align=maybe", "algo.align: expected true or false"),
     ("rollout.top_p=1.5", "rollout.top_p"),
     ("rollout.executor=int4", "rollout.executor"),
+    ("rollout.attention=flash", "rollout.attention"),
     ("warm_start.noise=2", "warm_start.noise"),
     ("warm_start.observation_weight=-1", "warm_start.observation_weight"),
     ("model.arch=llama", "model.arch"),

@@ -254,9 +254,11 @@ def build_executor(learner: torch.nn.Module, cfg: RolloutConfig) -> Executor:
     import copy
     import time
 
+    from interq.rollout.attention import set_rollout_attention
+
     if cfg.executor in ("bf16", "fp32"):
         dtype = torch.bfloat16 if cfg.executor == "bf16" else torch.float32
-        module = copy.deepcopy(learner).to(dtype).eval().requires_grad_(False)
+        module = set_rollout_attention(copy.deepcopy(learner).to(dtype).eval().requires_grad_(False), cfg.attention)
 
         @torch.no_grad()
         def sync(lr: torch.nn.Module) -> float:
@@ -270,7 +272,7 @@ def build_executor(learner: torch.nn.Module, cfg: RolloutConfig) -> Executor:
 
     qcfg = quant_config(cfg)
     dtype = torch.bfloat16 if cfg.executor_dtype == "bfloat16" else torch.float32
-    module = make_executor(copy.deepcopy(learner).to(dtype), qcfg)
+    module = set_rollout_attention(make_executor(copy.deepcopy(learner).to(dtype), qcfg), cfg.attention)
     return Executor(module, lambda mc: make_kv_cache(qcfg, mc), lambda lr: sync_weights(lr, module), qcfg,
                     {"executor": "w8a8", "dtype": cfg.executor_dtype,
                      "quant": {"w_format": qcfg.w_format, "kv_format": qcfg.kv_format}})

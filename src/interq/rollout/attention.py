@@ -1,0 +1,71 @@
+"""Packed-GQA decode attention for rollout executors (opt-in: ``rollout.attention=sdpa_packed``).
+
+What it fixes (measured 2026-12-02, docs/benchmarks.md "Decode attention"): transformers' ``sdpa`` attention takes one
+of two paths for a single query token of a grouped-query model, decided by the batch. When some row is padded the
+mask is kept and the query heads of each KV head are packed as rows of one attention call ([B, H_kv, G, D]); when
+no row is padded transformers drops the mask and calls torch's SDPA with ``enable_gqa=True`` ([B, H, 1, D]), which
+torch's CPU flash kernel runs as B x H one-row problems: 3.5-5.6x slower in bf16 for SmolLM2's shapes at 40-2,000
+cached tokens, and not always the same bits as the packed path (one bf16 ulp in some outputs, seen at 400-2,000
+cached tokens). So a rollout's numbers could depend on whether its batch happened to be aligned, and aligned
+batches were slow.
+
+``sdpa_packed`` always packs a single query token (with or without a mask) and leaves everything else (prefill,
+models without GQA, soft-capping, position biases) to transformers' own ``sdpa`` function, so an episode's
+decode takes the same kernel path whatever its batch. The values equal transformers' packed path (its ragged-batch
+path) bit for bit; against the unpadded ``enable_gqa`` path, mostly bit for bit and otherwise to rounding. Off by default: the default executors keep transformers' choice (the numerics of the study's
+recorded runs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+NAME = "interq_sdpa_packed"
+ATTENTION_CHOICES = ("sdpa", "sdpa_packed")
+
+
+def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                          is_causal=None, **kwargs):
+    """transformers' attention-function signature: query [B, H, q, D], key/value [B, H_kv, K, D] -> ([B, q, H, Dv], None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    special = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None or dropout
+    if query.shape[2] != 1 or groups == 1 or special:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    b, h, _, d = query.shape
+    hkv = h // groups
+    q = query.reshape(b, hkv, groups, d)  # [B, H_kv, G, D]: the G query heads of a KV head as G rows
+    mask = attention_mask  # None or [B|1, 1|H, 1, K]
+    if mask is not None and mask.shape[1] != 1:
+        mask = mask.reshape(mask.shape[0], hkv, groups, mask.shape[-1])  # per-head masks follow their heads
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # [B, H_kv, G, Dv]
+    out = out.reshape(out.shape[0], h, 1, value.shape[-1]).transpose(1, 2).contiguous()  # [B, 1, H, Dv]
+    return out, None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, sdpa_packed_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Module:
+    """Give a rollout executor (a transformers model the caller owns: not the learner) the attention ``attention``
+    (one of :data:`ATTENTION_CHOICES`); ``sdpa`` leaves the model as it is. -> the model."""
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"rollout.attention must be one of {list(ATTENTION_CHOICES)}, got {attention!r}")
+    if attention == "sdpa":
+        return model
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current not in ("sdpa", NAME):
+        raise ValueError(f"rollout.attention=sdpa_packed needs a model with transformers' sdpa attention; "
+                         f"{type(model).__name__} uses {current!r}")
+    _register()
+    model.set_attn_implementation(NAME)
+    return model
