@@ -24,14 +24,12 @@ import torch.nn.functional as F
 from interq.machine import describe, load_avg, machine_info
 
 
-def cpu_us(fn, calls: int, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        t0 = time.process_time()
-        for _ in range(calls):
-            fn()
-        out.append((time.process_time() - t0) / calls * 1e6)
-    return out
+def cpu_us(fn, calls: int) -> float:
+    """Process CPU microseconds per call, over ``calls`` calls."""
+    t0 = time.process_time()
+    for _ in range(calls):
+        fn()
+    return (time.process_time() - t0) / calls * 1e6
 
 
 def main() -> None:
@@ -65,8 +63,8 @@ def main() -> None:
             gqa(), packed()  # warm-up
             tg, tp = [], []
             for _ in range(args.repeats):  # interleaved
-                tg += cpu_us(gqa, args.calls, 1)
-                tp += cpu_us(packed, args.calls, 1)
+                tg.append(cpu_us(gqa, args.calls))
+                tp.append(cpu_us(packed, args.calls))
             g_us, p_us = min(tg), min(tp)
             eq = torch.equal(gqa(), packed().reshape(b, h, 1, d))
             speedup.setdefault(name, {})[k_len] = round(g_us / p_us, 2)

@@ -4,16 +4,16 @@ What it fixes (measured 2026-12-02, docs/benchmarks.md "Decode attention"): tran
 of two paths for a single query token of a grouped-query model, decided by the batch. When some row is padded the
 mask is kept and the query heads of each KV head are packed as rows of one attention call ([B, H_kv, G, D]); when
 no row is padded transformers drops the mask and calls torch's SDPA with ``enable_gqa=True`` ([B, H, 1, D]), which
-torch's CPU flash kernel runs as B x H one-row problems: 3.5-5.6x slower in bf16 for SmolLM2's shapes at 40-2,000
-cached tokens, and not always the same bits as the packed path (one bf16 ulp in some outputs, seen at 400-2,000
-cached tokens). So a rollout's numbers could depend on whether its batch happened to be aligned, and aligned
-batches were slow.
+torch's CPU flash kernel runs as B x H one-row problems: 3.3-6.1x slower in bf16 for SmolLM2's shapes at 40-2,000
+cached tokens (``benchmarks/bench_attention.py``), and not always the same bits as the packed path (one bf16 ulp
+in some outputs, seen at 400-2,000 cached tokens). So a rollout's numbers could depend on whether its batch happened
+to be aligned, and aligned batches were slow.
 
 ``sdpa_packed`` always packs a single query token (with or without a mask) and leaves everything else (prefill,
 models without GQA, soft-capping, position biases) to transformers' own ``sdpa`` function, so an episode's
 decode takes the same kernel path whatever its batch. The values equal transformers' packed path (its ragged-batch
-path) bit for bit; against the unpadded ``enable_gqa`` path, mostly bit for bit and otherwise to rounding. Off by default: the default executors keep transformers' choice (the numerics of the study's
-recorded runs).
+path) bit for bit; against the unpadded ``enable_gqa`` path, mostly bit for bit and otherwise to rounding. Off by
+default: the default executors keep transformers' choice (the numerics of the study's recorded runs).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ ATTENTION_CHOICES = ("sdpa", "sdpa_packed")
 
 def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                           is_causal=None, **kwargs):
-    """transformers' attention-function signature: query [B, H, q, D], key/value [B, H_kv, K, D] -> ([B, q, H, Dv], None)."""
+    """transformers' attention-function signature: query [B, H, q, D], key/value [B, H_kv, K, D]
+    -> ([B, q, H, Dv], None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)

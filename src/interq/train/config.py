@@ -126,7 +126,8 @@ class RolloutConfig:
     top_p: float = 1.0
     # sdpa: transformers' attention as it comes (the numerics of the recorded study runs); sdpa_packed: a single
     # query token always attends with its KV head's query heads packed (interq.rollout.attention): the same kernel
-    # path whatever the batch's padding, 1.6-5x faster decode for GQA models where no row is padded.
+    # path whatever the batch's padding; for GQA models where no row is padded, decode attention 3.3-6.1x faster
+    # in bf16 on CPU (docs/benchmarks.md, "decode attention").
     attention: str = "sdpa"
     max_action_tokens: int = 12
     max_context_tokens: int = 2048      # reaching it truncates the episode
