@@ -49,7 +49,7 @@ def main() -> None:
     machine = machine_info()
     print(f"bench_attention {time.strftime('%Y-%m-%d %H:%M')} on {describe(machine)}", flush=True)
     b, h, hkv, d = args.batch, args.heads, args.kv_heads, args.head_dim
-    print(f"| dtype | cached tokens | enable_gqa [B, H, 1, D] us | packed [B, H_kv, G, D] us | packed speed-up | same bits |")
+    print("| dtype | cached tokens | enable_gqa [B, H, 1, D] us | packed [B, H_kv, G, D] us | packed speed-up | same bits |")
     print("|---|---|---|---|---|---|")
     speedup, same = {}, {}
     for dtype in (torch.bfloat16, torch.float32):

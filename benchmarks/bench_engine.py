@@ -29,6 +29,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from interq._optional import available
 from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
 from interq.rollout import RolloutEngine, SamplingParams
+from interq.rollout.attention import ATTENTION_CHOICES, set_rollout_attention
 
 
 def tiny_qwen3(dtype: torch.dtype) -> torch.nn.Module:
@@ -127,8 +128,8 @@ def bench_model(name: str, model: torch.nn.Module, args, quant_engine: RolloutEn
         timers["int8"] = lambda: engine_multiturn(quant_engine, obs, args.act_tokens)
     t = _rounds(timers, args.rounds)  # seconds
     res["multiturn_engine_s"], res["multiturn_generate_s"] = _median(t["engine"]), _median(t["generate"])
-    res["multiturn_speedup_vs_generate"] = _median([g / e for g, e in zip(t["generate"], t["engine"])])
     res["multiturn_speedup_by_round"] = [g / e for g, e in zip(t["generate"], t["engine"])]
+    res["multiturn_speedup_vs_generate"] = _median(res["multiturn_speedup_by_round"])
     print(f"[{name}] multi-turn {args.episodes} eps x {args.turns} turns x ({args.obs_tokens} obs + {args.act_tokens} act), "
           f"median of {args.rounds}: engine {res['multiturn_engine_s']:.2f} s, generate {res['multiturn_generate_s']:.2f} s, "
           f"speedup {res['multiturn_speedup_vs_generate']:.2f}x (rounds: "
@@ -153,8 +154,8 @@ def bench_model(name: str, model: torch.nn.Module, args, quant_engine: RolloutEn
                 f"engine {e:.1f} tok/s, generate {g:.1f} tok/s ({res[f'decode_bs{bs}_vs_generate']:.2f}x)")
         if "int8" in t:
             res[f"decode_bs{bs}_int8_tok_s"] = _median(t["int8"])
-            res[f"int8_over_bf16_bs{bs}"] = _median([q / a for q, a in zip(t["int8"], t["engine"])])
             res[f"int8_over_bf16_bs{bs}_by_round"] = [q / a for q, a in zip(t["int8"], t["engine"])]
+            res[f"int8_over_bf16_bs{bs}"] = _median(res[f"int8_over_bf16_bs{bs}_by_round"])
             line += (f", int8 executor {res[f'decode_bs{bs}_int8_tok_s']:.1f} tok/s ({res[f'int8_over_bf16_bs{bs}']:.2f}x engine; "
                      "rounds: " + ", ".join(f"{x:.2f}" for x in res[f"int8_over_bf16_bs{bs}_by_round"]) + ")")
         print(line, flush=True)
@@ -174,7 +175,7 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--skip-smollm2", action="store_true")
     p.add_argument("--int8-multiturn", action="store_true", help="also time the multi-turn episodes on the int8 executor")
-    p.add_argument("--attention", default="sdpa", choices=["sdpa", "sdpa_packed"],
+    p.add_argument("--attention", default="sdpa", choices=list(ATTENTION_CHOICES),
                    help="the engines' attention (rollout.attention); generate keeps transformers' sdpa")
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds per measurement, order rotated; medians (and paired ratio medians) reported")
@@ -213,8 +214,6 @@ def main() -> None:
                                          max_context_tokens=100_000)
         engine_model = None
         if args.attention != "sdpa":
-            from interq.rollout.attention import set_rollout_attention
-
             engine_model = set_rollout_attention(copy.deepcopy(model), args.attention)
             if quant_engine is not None:
                 set_rollout_attention(quant_engine.model, args.attention)
