@@ -1,5 +1,5 @@
-"""Learner throughput (issue 12 item 4): tokens/s of the learner's forward+backward, plain and aligned, fp32 and bf16
-autocast, on SmolLM2-135M-Instruct and on the tiny household policy.
+"""Learner throughput (issue 12 item 4): tokens/s of the learner's forward+backward, plain and aligned, fp32, bf16
+autocast and bf16 backward, on SmolLM2-135M-Instruct and on the tiny household policy.
 
 What is timed is what ``interq.train.rl.update`` runs per micro-batch: ``sequence_logprobs`` with ``score_mask`` =
 the action tokens (the lm-head only where an action is scored), inside ``interq.quant.aligned`` for the aligned
@@ -8,11 +8,13 @@ separately, the no-grad forward of the proximal pass (``rl.proximal_logprobs``).
 ``--turns`` turns of ``--obs-tokens`` observation tokens then ``--act-tokens`` action tokens, random token ids.
 
 Arms run side by side in interleaved rounds; each time is the median over rounds (``fwd_bwd_tokens_per_s``) and
-the fastest round (``..._best``, the least disturbed by other jobs on a shared machine). bf16 autocast
-(``torch.autocast(device, torch.bfloat16)`` around the forward; fp32 master weights and fp32 gradients) is timed
-only where bf16 is native (``interq.machine.bf16_native``: AVX512_BF16/AMX CPUs, CUDA sm >= 8.0), or with
-``--bf16 on``. Its numerics against fp32 on the same batch are reported: relative L2 error and cosine of the whole
-gradient, |delta| of the action-token log-probs.
+the fastest round (``..._best``, the least disturbed by other jobs on a shared machine). Two bf16 modes
+(``train.learner_autocast``), each timed only where bf16 is native (``interq.machine.bf16_native``: AVX512_BF16/AMX
+CPUs, CUDA sm >= 8.0) or with ``--bf16 on``: ``*_bf16``, ``torch.autocast(device, torch.bfloat16)`` around the
+forward, and ``*_bf16bwd``, the fp32 forward with the linear layers' backward GEMMs in bf16
+(``interq.train.bf16_backward``); fp32 master weights and fp32 gradients in both. Their numerics against fp32 on
+the same batch are reported: relative L2 error and cosine of the whole gradient, |delta| of the action-token
+log-probs (0 for ``bf16bwd``).
 
 The header and the RESULT line record the machine (``machine``: ``interq.machine.machine_info()`` at the start,
 ``load_avg_end`` at the end; thread count included). On CPU the arm ``aligned_fp32_eager`` is the aligned learner
@@ -38,6 +40,10 @@ from interq.rollout import sequence_logprobs
 from interq.train.rl import learner_context
 
 
+# arm suffix -> train.learner_autocast: fp32, bf16 autocast of the forward, fp32 forward with bf16 backward GEMMs
+PRECISIONS = {"fp32": "off", "bf16": "bf16", "bf16bwd": "bf16_backward"}
+
+
 def make_rows(vocab: int, rows: int, turns: int, obs_tokens: int, act_tokens: int, seed: int = 0):
     """Concatenated-layout rows: per turn ``obs_tokens`` observation tokens then ``act_tokens`` action tokens."""
     g = torch.Generator().manual_seed(seed)
@@ -48,10 +54,11 @@ def make_rows(vocab: int, rows: int, turns: int, obs_tokens: int, act_tokens: in
     return ids, torch.ones_like(ids), action[None, :].expand(rows, -1).clone()  # [R, L], [R, L], [R, L] bool
 
 
-def learner_pass(model, ids, mask, act, align: bool, qcfg: QuantConfig, bf16: bool,
+def learner_pass(model, ids, mask, act, align: bool, qcfg: QuantConfig, autocast: str = "off",
                  backward: bool = True) -> torch.Tensor:
-    """One micro-batch as ``rl.update`` runs it: current log-probs [R, L] (+ PPO loss and backward when ``backward``)."""
-    ctx = learner_context(model, align, qcfg, "bf16" if bf16 else "off")  # the trainer's learner context
+    """One micro-batch as ``rl.update`` runs it: current log-probs [R, L] (+ PPO loss and backward when ``backward``).
+    ``autocast``: ``train.learner_autocast`` (off | bf16 | bf16_backward)."""
+    ctx = learner_context(model, align, qcfg, autocast)  # the trainer's learner context
     grad = torch.enable_grad() if backward else torch.no_grad()
     with grad, ctx:  # the backward too, as rl.update: checkpointed layers recompute the same (aligned) forward
         current = sequence_logprobs(model, ids, mask, temperature=1.0, score_mask=act)  # [R, L] fp32
@@ -75,35 +82,35 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
                                args.obs_tokens, args.act_tokens)
     ids, mask, act = ids.to(device), mask.to(device), act.to(device)
     tokens = int(mask.sum())
-    label = lambda al, bf, eg=False: f"{'aligned' if al else 'plain'}_{'bf16' if bf else 'fp32'}" + ("_eager" if eg else "")  # noqa: E731
-    arms = [(al, bf, False) for al in (False, True) for bf in ((False, True) if use_bf16 else (False,))
-            if args.arms is None or label(al, bf) in args.arms]
+    label = lambda al, pr, eg=False: f"{'aligned' if al else 'plain'}_{pr}" + ("_eager" if eg else "")  # noqa: E731
+    arms = [(al, pr, False) for al in (False, True) for pr in (PRECISIONS if use_bf16 else ("fp32",))
+            if args.arms is None or label(al, pr) in args.arms]
     # the aligned learner without the fused CPU kernels (interq.quant.kernels): the same numbers, eager ops
     if device.type == "cpu" and (args.arms is None or "aligned_fp32_eager" in args.arms):
-        arms.append((True, False, True))
+        arms.append((True, "fp32", True))
     # warm-up (allocator, lazy init), one small pass per arm
     w = 2 * (args.obs_tokens + args.act_tokens)  # two turns of one row
-    for al, bf, eg in arms:
+    for al, pr, eg in arms:
         kernels.set_enabled(not eg)
         model.zero_grad(set_to_none=True)
-        learner_pass(model, ids[:1, :w], mask[:1, :w], act[:1, :w], al, qcfg, bf)
+        learner_pass(model, ids[:1, :w], mask[:1, :w], act[:1, :w], al, qcfg, PRECISIONS[pr])
     fb = {label(*a): [] for a in arms}
     fwd = {label(*a): [] for a in arms}
     numerics: dict = {}
     ref: dict = {}
     for rnd in range(args.rounds):
-        for al, bf, eg in arms:
-            k = label(al, bf, eg)
+        for al, pr, eg in arms:
+            k = label(al, pr, eg)
             kernels.set_enabled(not eg)
             model.zero_grad(set_to_none=True)
             synchronize(device)
             t0 = time.perf_counter()
-            lp = learner_pass(model, ids, mask, act, al, qcfg, bf)
+            lp = learner_pass(model, ids, mask, act, al, qcfg, PRECISIONS[pr])
             synchronize(device)
             fb[k].append(time.perf_counter() - t0)
-            if rnd == 0 and not eg:  # numerics of bf16 autocast against fp32, same batch, same align mode
+            if rnd == 0 and not eg:  # numerics of the bf16 modes against fp32, same batch, same align mode
                 g = grad_vector(model)
-                if not bf:
+                if pr == "fp32":
                     ref[al] = (g, lp)
                 else:
                     g32, lp32 = ref[al]
@@ -117,7 +124,7 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
                 continue
             synchronize(device)
             t0 = time.perf_counter()
-            learner_pass(model, ids, mask, act, al, qcfg, bf, backward=False)
+            learner_pass(model, ids, mask, act, al, qcfg, PRECISIONS[pr], backward=False)
             synchronize(device)
             fwd[k].append(time.perf_counter() - t0)
         print(f"[{name}] round {rnd + 1}/{args.rounds}: " + ", ".join(f"{k} {fb[k][-1]:.2f}s" for k in fb), flush=True)
@@ -135,6 +142,8 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
     for key, num, den in (("aligned_over_plain_fp32", "aligned_fp32", "plain_fp32"),
                           ("bf16_over_fp32_plain", "plain_bf16", "plain_fp32"),
                           ("bf16_over_fp32_aligned", "aligned_bf16", "aligned_fp32"),
+                          ("bf16bwd_over_fp32_plain", "plain_bf16bwd", "plain_fp32"),
+                          ("bf16bwd_over_fp32_aligned", "aligned_bf16bwd", "aligned_fp32"),
                           ("kernels_over_eager_aligned_fp32", "aligned_fp32", "aligned_fp32_eager")):
         if num in s and den in s:
             res[key] = round(s[num] / s[den], 3)
@@ -169,7 +178,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda or auto (cuda when a GPU is visible)")
     ap.add_argument("--bf16", default="auto", choices=["auto", "on", "off"],
-                    help="time bf16 autocast arms: auto = where bf16 is native (default), on, off")
+                    help="time the bf16 arms (autocast, bf16 backward): auto = where bf16 is native (default), on, off")
     ap.add_argument("--rows", type=int, default=1, help="SmolLM2 rows per pass (one micro-batch)")
     ap.add_argument("--tiny-rows", type=int, default=16, help="tiny-policy rows per pass")
     ap.add_argument("--turns", type=int, default=10)
@@ -182,7 +191,7 @@ def main() -> None:
     ap.add_argument("--skip-tiny", action="store_true")
     ap.add_argument("--skip-forward-only", action="store_true", help="do not time the no-grad (proximal pass) forward")
     ap.add_argument("--arms", type=lambda v: v.split(","), default=None,
-                    help="comma-separated subset of plain_fp32,plain_bf16,aligned_fp32,aligned_bf16,aligned_fp32_eager "
+                    help="comma-separated subset of {plain,aligned}_{fp32,bf16,bf16bwd} and aligned_fp32_eager "
                     "(the aligned learner without the fused CPU kernels) (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -191,7 +200,7 @@ def main() -> None:
     except ValueError as e:
         ap.error(str(e))
     use_bf16 = {"auto": bf16_native(dev), "on": True, "off": False}[args.bf16]
-    arm_names = ("plain_fp32", "plain_bf16", "aligned_fp32", "aligned_bf16", "aligned_fp32_eager")
+    arm_names = (*(f"{al}_{pr}" for al in ("plain", "aligned") for pr in PRECISIONS), "aligned_fp32_eager")
     if args.arms is not None and (bad := [a for a in args.arms if a not in arm_names]):
         ap.error(f"--arms: {bad} not accepted; accepted: {','.join(arm_names)}")
     machine = machine_info(dev)  # at the start; load_avg_end added at the end
@@ -209,10 +218,11 @@ def main() -> None:
         est = {k: round(args.step_tokens / v, 1) for k, v in s.items()}
         result["smollm2_step_learner_s_est"] = est
         print(f"[smollm2] learner seconds for a {args.step_tokens}-token RL step (estimate): {est}", flush=True)
-        for k in ("aligned_over_plain_fp32", "bf16_over_fp32_plain", "bf16_over_fp32_aligned",
-                  "aligned_over_plain_fp32_best", "bf16_over_fp32_plain_best", "bf16_over_fp32_aligned_best"):
-            if k in result["smollm2"]:
-                result[f"smollm2_{k}"] = result["smollm2"][k]
+        for k in ("aligned_over_plain_fp32", "bf16_over_fp32_plain", "bf16_over_fp32_aligned", "bf16bwd_over_fp32_plain",
+                  "bf16bwd_over_fp32_aligned"):
+            for k in (k, k + "_best"):
+                if k in result["smollm2"]:
+                    result[f"smollm2_{k}"] = result["smollm2"][k]
     if not args.skip_tiny:
         torch.manual_seed(0)
         result["tiny"] = bench_model("tiny", tiny_policy(), args, dev, use_bf16)

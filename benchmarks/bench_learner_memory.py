@@ -38,7 +38,7 @@ def child(args) -> dict:
     ids, mask, act = make_rows(model.config.vocab_size, args.rows, args.turns, args.obs_tokens, args.act_tokens)  # [R, L]
     model_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     c0 = time.process_time()
-    learner_pass(model, ids, mask, act, not args.plain, QuantConfig(), bf16=False)  # log-probs, PPO loss, backward
+    learner_pass(model, ids, mask, act, not args.plain, QuantConfig())  # log-probs, PPO loss, backward
     cpu = time.process_time() - c0
     grad_norm = float(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).norm())
     return {"mode": args.child, "model_gb": model_kb / 2**20, "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

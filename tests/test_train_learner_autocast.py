@@ -68,7 +68,7 @@ def test_bf16_autocast_gradient_is_close_to_fp32(kind):
 def test_learner_autocast_is_validated_naming_the_field():
     assert build_config("q-tis", []).train.learner_autocast == "off"
     assert build_config("q-tis", ["train.learner_autocast=bf16"]).train.learner_autocast == "bf16"
-    with pytest.raises(ConfigError, match=r"train\.learner_autocast='fp16' is not accepted; choose one of \['off', 'bf16'\]"):
+    with pytest.raises(ConfigError, match=r"train\.learner_autocast='fp16' is not accepted; choose one of \['off', 'bf16', 'bf16_backward'\]"):
         build_config("q-tis", ["train.learner_autocast=fp16"])
     with pytest.raises(ConfigError, match=r"train\.learner_autocast='bf16' is not accepted with algo\.align=true"):
         build_config("q-align", ["train.learner_autocast=bf16"])

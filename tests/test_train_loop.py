@@ -105,6 +105,7 @@ def test_resumed_run_matches_uninterrupted(policy_dir, tmp_path):
 @pytest.mark.parametrize("arm, extra", [
     ("bf16", CONCAT),
     ("q-interq", CONCAT),
+    ("q-interq", [*CONCAT, "train.learner_autocast=bf16_backward"]),
     ("q-interq", ["algo.layout=per_turn", "rollout.history_turns=1"]),
     ("q-tis", ["algo.ppo_epochs=2", "algo.minibatches_per_step=2"]),
 ])

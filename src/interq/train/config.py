@@ -32,6 +32,7 @@ ADVANTAGES = ("grpo", "gigpo")
 LAYOUTS = ("concatenated", "per_turn")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 EXECUTORS = ("bf16", "fp32", "w8a8")
+LEARNER_AUTOCASTS = ("off", "bf16", "bf16_backward")  # train.learner_autocast
 ATTENTIONS = ("sdpa", "sdpa_packed")  # = interq.rollout.attention.ATTENTION_CHOICES (tested), kept here torch-free
 ARCHS = ("qwen3", "qwen3_moe")
 DTYPES = ("float32", "bfloat16")
@@ -183,7 +184,7 @@ class TrainConfig:
     threads: int = 0                    # torch.set_num_threads (0: leave alone)
     device: str = "cpu"                 # learner + executor: cpu | cuda | auto (cuda when a GPU is visible); warm start stays on cpu
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward instead of keeping them (transformers' non-reentrant checkpointing): much less learner memory for about one more forward per micro-batch; the same gradients
-    learner_autocast: str = "off"       # off | bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align)
+    learner_autocast: str = "off"       # off | bf16 | bf16_backward. bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align); bf16_backward: fp32 forward (the same log-probs), the linear layers' backward GEMMs in bf16 (any learner; interq.train.bf16_backward)
     progress: bool = True
     tensorboard: bool = False
 
@@ -560,11 +561,11 @@ def validate(cfg: RunConfig) -> None:
                               "choose one of ['cpu', 'auto']")
     if not isinstance(t.gradient_checkpointing, bool):
         raise ConfigError(f"train.gradient_checkpointing={t.gradient_checkpointing!r} is not accepted; it must be true or false")
-    _one_of("train.learner_autocast", t.learner_autocast, ("off", "bf16"))
+    _one_of("train.learner_autocast", t.learner_autocast, LEARNER_AUTOCASTS)
     if t.learner_autocast == "bf16" and a.align:
         raise ConfigError("train.learner_autocast='bf16' is not accepted with algo.align=true: bf16 upstream of the "
                           "aligned learner's activation quantization re-rounds its codes (SmolLM2: gradient cosine 0.78 "
-                          "to fp32, docs/benchmarks.md); choose train.learner_autocast='off'")
+                          "to fp32, docs/benchmarks.md); choose train.learner_autocast='off' or 'bf16_backward'")
     episodes = t.tasks_per_step * t.episodes_per_task
     if a.minibatches_per_step > episodes:
         raise ConfigError(f"algo.minibatches_per_step={a.minibatches_per_step} exceeds the episodes per step "

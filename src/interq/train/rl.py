@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 
 from interq.agent.loop import Episode, PooledEnvs, play_episodes
-from interq.train.config import AlgoConfig, NonFiniteTrainingError, RunConfig
+from interq.train.config import LEARNER_AUTOCASTS, AlgoConfig, NonFiniteTrainingError, RunConfig
 
 # ---------------------------------------------------------------------------------------------- advantages
 
@@ -216,10 +216,11 @@ def enable_activation_checkpointing(model: torch.nn.Module, enable: bool = True)
 @contextlib.contextmanager
 def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: str = "off"):
     """Where the learner's forward runs: the aligned (quantized-like) forward when ``align``; under
-    ``torch.autocast(bf16)`` when ``autocast='bf16'`` (``train.learner_autocast``; log-probs and gradients stay fp32).
+    ``torch.autocast(bf16)`` when ``autocast='bf16'``, with bf16 backward GEMMs of the linear layers when
+    ``autocast='bf16_backward'`` (``train.learner_autocast``; log-probs and gradients stay fp32).
     The training step also runs its backward here, so that gradient checkpointing recomputes the same forward."""
-    if autocast not in ("off", "bf16"):
-        raise ValueError(f"train.learner_autocast={autocast!r} is not accepted; choose one of ['off', 'bf16']")
+    if autocast not in LEARNER_AUTOCASTS:
+        raise ValueError(f"train.learner_autocast={autocast!r} is not accepted; choose one of {list(LEARNER_AUTOCASTS)}")
     if align:
         from interq.quant import aligned
 
@@ -227,7 +228,14 @@ def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: st
     else:
         ctx = contextlib.nullcontext()
     dev = next(model.parameters()).device
-    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if autocast == "bf16" else contextlib.nullcontext()
+    if autocast == "bf16":
+        cast = torch.autocast(dev.type, dtype=torch.bfloat16)
+    elif autocast == "bf16_backward":
+        from interq.train.bf16_backward import bf16_backward
+
+        cast = bf16_backward()
+    else:
+        cast = contextlib.nullcontext()
     with cast, ctx:
         yield
 

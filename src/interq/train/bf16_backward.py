@@ -1,0 +1,87 @@
+"""The learner's linear layers with an fp32 forward and a bf16 backward (``train.learner_autocast=bf16_backward``).
+
+Inside :func:`bf16_backward`, every ``torch.nn.functional.linear`` call that builds a graph (an input or the weight
+requires grad; fp32 operands) runs as :class:`Bf16BackwardLinear`: the forward is ``F.linear`` itself, so
+log-probs, ratios and corrections are the fp32 ones bit for bit; the backward computes its two GEMMs from bf16
+copies of the operands (``grad_x = grad_y @ W``, ``grad_W = grad_y^T @ x``; the bias gradient stays an fp32 sum)
+and hands fp32 gradients back. The input is saved for the backward as bf16 (half the memory of an fp32 copy).
+
+Why: the GEMMs are about 70% of a SmolLM2 learner step on CPU (``aten::mm`` in a profile of the aligned
+learner, 832 tokens), two thirds of them in the backward, and a bf16 GEMM runs about 2.9x an fp32 one where bf16
+is native (AVX512_BF16 / AMX CPUs; tensor cores). Unlike ``train.learner_autocast=bf16`` it applies to the
+aligned learner too: nothing upstream of the aligned forward's activation quantization changes, so its int8 codes
+are those of the fp32 forward. What it costs: each gradient GEMM rounds to bf16 (8 significant bits), measured in
+``tests/test_train_bf16_backward.py`` and docs/benchmarks.md "Learner throughput".
+
+Attention, norms and the other element-wise backward ops keep fp32; only ``F.linear`` calls are taken (the
+decoder's projections, the lm-head, the aligned learner's fake-quantized GEMMs and MoE experts' loops).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+_F_LINEAR = F.linear  # torch's own, restored on exit
+_DEPTH = 0  # nesting depth of bf16_backward()
+
+
+class Bf16BackwardLinear(torch.autograd.Function):
+    """``F.linear(x, w, b)`` forward; backward GEMMs in bf16, gradients in the operands' dtypes.
+    x [..., K], w [N, K], b [N] or None -> [..., N]."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x.to(torch.bfloat16), w)
+        ctx.x_dtype, ctx.has_bias = x.dtype, b is not None
+        return _F_LINEAR(x, w, b)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x16, w = ctx.saved_tensors
+        n, k = w.shape
+        g16 = grad_y.reshape(-1, n).to(torch.bfloat16)  # [M, N]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (g16 @ w.to(torch.bfloat16)).to(ctx.x_dtype).reshape(*grad_y.shape[:-1], k)  # [..., K]
+        if ctx.needs_input_grad[1]:
+            grad_w = (g16.t() @ x16.reshape(-1, k)).to(w.dtype)  # [N, K]
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_y.reshape(-1, n).sum(0)  # [N], fp32
+        return grad_x, grad_w, grad_b
+
+
+def _takes(x, w, b) -> bool:
+    tensors = [t for t in (x, w, b) if t is not None]
+    return (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+            and all(t.dtype == torch.float32 for t in tensors) and w.dim() == 2)
+
+
+def _linear(input, weight, bias=None):  # noqa: A002 (F.linear's own argument names)
+    if _takes(input, weight, bias):
+        return Bf16BackwardLinear.apply(input, weight, bias)
+    return _F_LINEAR(input, weight, bias)
+
+
+@contextlib.contextmanager
+def bf16_backward():
+    """Every graph-building fp32 ``torch.nn.functional.linear`` inside runs as :class:`Bf16BackwardLinear`.
+
+    The function is swapped process-wide for the duration (not a ``TorchFunctionMode``: modes are thread-local and
+    the autograd engine does not carry them into the backward, where activation checkpointing recomputes the
+    forward). Calls under ``no_grad`` / ``inference_mode`` (a rollout executor) are not taken. The backward of a graph
+    built inside may run after exit (the Function is recorded in the graph); a checkpointed forward must be
+    recomputed inside, as the learner's backward is (``interq.train.rl.update``; outside, torch's checkpoint
+    check raises)."""
+    global _DEPTH
+    if _DEPTH == 0:
+        F.linear = _linear
+    _DEPTH += 1
+    try:
+        yield
+    finally:
+        _DEPTH -= 1
+        if _DEPTH == 0:
+            F.linear = _F_LINEAR
