@@ -187,3 +187,27 @@ def test_paired_differences_use_the_seeds_both_arms_have():
     assert paired_differences(runs) == {}
     # no seed in common: no pair
     assert paired_differences(runs, {"bf16": [0, 1, 2], "q-interq": [3, 4]}) == {}
+
+
+def test_budget_trend_fits_success_against_log_budget_over_common_seeds():
+    from interq.train.experiments import budget_trend, budget_trend_line
+
+    def run(final):  # records of a finished run: held-out outcomes at steps 0 and 10
+        return [{"step": 0, "eval/success": 0.5, "eval/outcomes": "0101"},
+                {"step": 10, "eval/success": final.count("1") / 4, "eval/outcomes": final}]
+
+    runs = {"q-interq-B0.1": [run("1000"), run("0000")], "q-interq": [run("1100"), run("1000")],  # q-interq: B = 1
+            "q-interq-B10": [run("1110"), run("1100")], "q-interq-B100": [run("1111"), run("1110"), run("1111")],
+            "q-interq-Binf": [run("0000"), run("0000")], "bf16": [run("1111"), run("1111")]}
+    seeds = {"q-interq-B0.1": [0, 1], "q-interq": [0, 1], "q-interq-B10": [0, 1], "q-interq-B100": [0, 1, 2],
+             "q-interq-Binf": [0, 1], "bf16": [0, 1]}
+    t = budget_trend(runs, seeds, base_budget=1.0)
+    assert t["arms"] == ["q-interq-B0.1", "q-interq", "q-interq-B10", "q-interq-B100"]  # inf and bf16 are off the axis
+    assert t["budgets"] == [0.1, 1.0, 10.0, 100.0] and t["seed_ids"] == [0, 1] and (t["seeds"], t["episodes"]) == (2, 4)
+    assert t["means"] == [0.125, 0.375, 0.625, 0.875]  # B100 over seeds 0-1 only: (4 + 3) / 8
+    assert t["slope_per_decade"] == pytest.approx(0.25)  # exactly linear in log10(B): +0.25 per decade
+    assert t["ci95_seeds_and_tasks"][0] <= 0.25 <= t["ci95_seeds_and_tasks"][1]
+    assert "+0.250 per decade of B" in budget_trend_line(t)
+    # fewer than three finite budgets: no trend; nothing printed
+    assert budget_trend({a: runs[a] for a in ("q-interq", "q-interq-B10", "q-interq-Binf")}, seeds, 1.0) is None
+    assert budget_trend_line(None) == ""

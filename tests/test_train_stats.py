@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from interq.train.stats import paired_difference, paired_difference_over_seeds, wilson_interval
+from interq.train.stats import linear_trend, paired_difference, paired_difference_over_seeds, wilson_interval
 
 
 def test_wilson_matches_the_closed_form():
@@ -75,3 +75,50 @@ def test_paired_difference_over_seeds_equals_tasks_only_when_seeds_agree():
         assert x == pytest.approx(y, abs=0.015)
     with pytest.raises(ValueError, match="seeds"):
         paired_difference_over_seeds([[1, 0]], [[1, 0], [0, 1]])
+
+
+def _arm(success_per_seed, n=40):
+    """One arm's outcomes [seeds][episodes]: seed s wins its first round(p * n) episodes."""
+    return [[1 if i < round(p * n) else 0 for i in range(n)] for p in success_per_seed]
+
+
+def test_linear_trend_slope_is_the_least_squares_line_through_the_means():
+    xs = [-1.0, -0.6, -0.3, 0.0]
+    arms = [_arm([0.5, 0.6]), _arm([0.55, 0.6]), _arm([0.7, 0.6]), _arm([0.8, 0.9])]
+    res = linear_trend(xs, arms, resamples=200)
+    means = [sum(map(sum, a)) / 80 for a in arms]
+    # closed form of the OLS slope, written out
+    xb, mb = sum(xs) / 4, sum(means) / 4
+    slope = sum((x - xb) * (m - mb) for x, m in zip(xs, means)) / sum((x - xb) ** 2 for x in xs)
+    assert res["slope"] == pytest.approx(slope, abs=1e-12) and slope > 0.2  # success rises with the dose
+    assert res["intercept"] == pytest.approx(mb - slope * xb, abs=1e-12)
+    assert res["means"] == pytest.approx(means)
+    lo, hi = res["ci95"]
+    assert 0 < lo <= res["slope"] <= hi, res["ci95"]  # a clear rise: the interval excludes 0 and has the right sign
+    assert (res["n_seeds"], res["n_episodes"]) == (2, 40)
+
+
+def test_linear_trend_flat_and_falling():
+    flat = linear_trend([0.0, 1.0, 2.0], [_arm([0.6, 0.7])] * 3, resamples=200)
+    assert flat["slope"] == pytest.approx(0.0, abs=1e-12) and flat["ci95"] == pytest.approx([0.0, 0.0], abs=1e-12)
+    falling = linear_trend([0.0, 1.0], [_arm([0.9, 0.8]), _arm([0.3, 0.4])], resamples=200)
+    assert falling["slope"] == pytest.approx(-0.5) and falling["ci95"][1] < 0
+
+
+def test_linear_trend_widens_when_seeds_disagree():
+    agree = linear_trend([0.0, 1.0], [_arm([0.5, 0.5]), _arm([0.7, 0.7])], resamples=500)
+    disagree = linear_trend([0.0, 1.0], [_arm([0.5, 0.5]), _arm([0.4, 1.0])], resamples=500)
+    assert agree["slope"] == pytest.approx(disagree["slope"])
+    width = lambda r: r["ci95"][1] - r["ci95"][0]  # noqa: E731
+    assert width(disagree) > 1.5 * width(agree)
+
+
+def test_linear_trend_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="at least 2 arms"):
+        linear_trend([0.0], [_arm([0.5])])
+    with pytest.raises(ValueError, match="doses must not all be equal"):
+        linear_trend([1.0, 1.0], [_arm([0.5]), _arm([0.6])])
+    with pytest.raises(ValueError, match="same, non-zero number of seeds"):
+        linear_trend([0.0, 1.0], [_arm([0.5]), _arm([0.6, 0.7])])
+    with pytest.raises(ValueError, match="same, non-zero number of episodes"):
+        linear_trend([0.0, 1.0], [_arm([0.5]), _arm([0.6], n=30)])

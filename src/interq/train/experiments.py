@@ -372,6 +372,51 @@ def paired_table(paired: dict) -> str:
             "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
+def budget_trend(runs: dict, seeds: dict | None, base_budget: float) -> dict | None:
+    """Does final success follow InterQ's budget? The least-squares slope of final held-out success against
+    ``log10(B)`` over q-interq (``base_budget``) and the finite ``q-interq-B<B>`` arms, over the seeds all of them
+    finished, with a 95% interval resampling seeds and tasks (:func:`interq.train.stats.linear_trend`). None with
+    fewer than 3 finite budgets that have comparable final evaluations (``q-interq-Binf`` is not on the axis: its
+    paired difference with q-interq is in the paired table)."""
+    import re
+
+    from interq.train.stats import linear_trend
+
+    levels = {}
+    for arm in runs:
+        m = re.fullmatch(r"q-interq-B(.+)", arm)
+        b = float(m.group(1)) if m else (base_budget if arm == "q-interq" else None)
+        if b is not None and math.isfinite(b) and b > 0:
+            levels[arm] = b
+    if len(levels) < 3:
+        return None
+    if seeds is not None and all(a in seeds for a in levels):
+        common = sorted(set.intersection(*(set(seeds[a]) for a in levels)))
+        finals = {a: [dict(zip(seeds[a], runs[a]))[x] for x in common] for a in levels}
+    else:
+        common, n = None, min(len(runs[a]) for a in levels)
+        finals = {a: runs[a][:n] for a in levels}
+    arms = sorted(levels, key=levels.get)
+    outcomes = {a: [_final_outcomes(r) for r in finals[a]] for a in arms}
+    steps = {_evals(r)[-1][0] for a in arms for r in finals[a]}
+    if (not all(outcomes[a] for a in arms) or any(o is None for a in arms for o in outcomes[a]) or len(steps) != 1
+            or len({len(o) for a in arms for o in outcomes[a]}) != 1):
+        return None  # no common finished seed, or unequal final steps / held-out sets
+    res = linear_trend([math.log10(levels[a]) for a in arms], [outcomes[a] for a in arms])
+    return {"arms": arms, "budgets": [levels[a] for a in arms], "means": [round(x, 4) for x in res["means"]],
+            "slope_per_decade": round(res["slope"], 4), "ci95_seeds_and_tasks": [round(x, 4) for x in res["ci95"]],
+            "seeds": res["n_seeds"], "episodes": res["n_episodes"], **({"seed_ids": common} if common else {})}
+
+
+def budget_trend_line(trend: dict | None) -> str:
+    if not trend:
+        return ""
+    pts = ", ".join(f"B={b:g}: {m:.3f}" for b, m in zip(trend["budgets"], trend["means"]))
+    lo, hi = trend["ci95_seeds_and_tasks"]
+    return (f"Budget trend: final success {trend['slope_per_decade']:+.3f} per decade of B, 95% CI [{lo:+.3f}, {hi:+.3f}] "
+            f"(seeds and tasks resampled; {trend['seeds']} seeds x {trend['episodes']} episodes; {pts})\n")
+
+
 def plot_curves(runs: dict, path: Path, title: str) -> None:
     import matplotlib
 
@@ -549,10 +594,13 @@ def compare_main(argv: list[str]) -> int:
         plot_curves(runs, out / f"curves{sfx}.png", f"compare ({regime})")
         curves = plot_mismatch(runs, out / f"mismatch{sfx}.png", budget)
         table = markdown_table(summary, args.threshold)
+        trend = budget_trend(runs, res["seeds"].get(regime), budget)
         md += [f"## Regime `{regime}`: {' '.join(REGIMES[regime]) or 'the arms as configured (W8A8-KV8)'}\n", table,
-               paired_table(paired), f"![curves](curves{sfx}.png)\n![mismatch](mismatch{sfx}.png)\n"]
-        print(f"regime {regime}\n{table}{paired_table(paired)}")
+               paired_table(paired), budget_trend_line(trend), f"![curves](curves{sfx}.png)\n![mismatch](mismatch{sfx}.png)\n"]
+        print(f"regime {regime}\n{table}{paired_table(paired)}{budget_trend_line(trend)}")
         dump["regimes"][regime], dump["paired"][regime], dump["accumulation"][regime] = summary, paired, curves
+        if trend:
+            result.setdefault("budget_trend", {})[regime] = trend
         result["regimes"][regime] = {a: {"final_mean": round(s["success_final_mean"], 4),
                                          "final_std": round(s["success_final_std"], 4),
                                          "ci95": None if s["ci95"] is None else [round(x, 4) for x in s["ci95"]],

@@ -84,4 +84,51 @@ def paired_difference_over_seeds(a: Sequence[Sequence[int]], b: Sequence[Sequenc
             "n_seeds": s_count, "n_episodes": n}
 
 
-__all__ = ["Z95", "paired_difference", "paired_difference_over_seeds", "wilson_interval"]
+def linear_trend(xs: Sequence[float], outcomes: Sequence[Sequence[Sequence[int]]], *, resamples: int = 2000,
+                 seed: int = 0) -> dict:
+    """Least-squares slope of final success against a dose ``x`` over several arms, with a 95% bootstrap interval
+    that resamples the RL seeds and the held-out tasks.
+
+    ``xs[j]``: the dose of arm j (e.g. log10 of InterQ's budget); ``outcomes[j][s][i]``: outcome (0/1) of held-out
+    episode ``i`` in seed ``s`` of arm j, with the same seeds (same index = same RL seed) and the same episodes in
+    every arm. The slope is that of the ordinary least-squares line through the arms' mean successes
+    ``(xs[j], m[j])``. Each bootstrap draw takes S seed indices and n task indices with replacement, the same for
+    every arm (seeds and tasks are shared by the arms, as in :func:`paired_difference_over_seeds`), and refits.
+    Returns ``{"slope", "ci95", "intercept", "means", "n_seeds", "n_episodes"}``.
+    """
+    k = len(xs)
+    if k < 2 or len(outcomes) != k:
+        raise ValueError(f"need at least 2 arms with one dose each; got {k} doses and {len(outcomes)} arms")
+    if len(set(xs)) < 2:
+        raise ValueError("the doses must not all be equal")
+    s_count = len(outcomes[0])
+    if s_count == 0 or any(len(arm) != s_count for arm in outcomes):
+        raise ValueError("every arm needs the same, non-zero number of seeds")
+    n = len(outcomes[0][0])
+    if n == 0 or any(len(row) != n for arm in outcomes for row in arm):
+        raise ValueError("every seed of every arm needs the same, non-zero number of episodes")
+    x_mean = sum(xs) / k
+    sxx = sum((x - x_mean) ** 2 for x in xs)
+
+    def fit(means: list[float]) -> tuple[float, float]:
+        m_mean = sum(means) / k
+        slope = sum((x - x_mean) * (m - m_mean) for x, m in zip(xs, means)) / sxx
+        return slope, m_mean - slope * x_mean
+
+    means = [sum(map(sum, arm)) / (s_count * n) for arm in outcomes]
+    slope, intercept = fit(means)
+    rng = random.Random(seed)
+    slopes = []
+    for _ in range(resamples):
+        seeds = [rng.randrange(s_count) for _ in range(s_count)]
+        tasks = [rng.randrange(n) for _ in range(n)]
+        drawn = [sum(sum(arm[s][i] for i in tasks) for s in seeds) / (s_count * n) for arm in outcomes]
+        slopes.append(fit(drawn)[0])
+    slopes.sort()
+    lo = slopes[int(0.025 * (resamples - 1))]
+    hi = slopes[int(math.ceil(0.975 * (resamples - 1)))]
+    return {"slope": slope, "ci95": [lo, hi], "intercept": intercept, "means": means, "n_seeds": s_count,
+            "n_episodes": n}
+
+
+__all__ = ["Z95", "linear_trend", "paired_difference", "paired_difference_over_seeds", "wilson_interval"]
