@@ -14,7 +14,8 @@ Names are stable (loggers and plots key on them):
   ``interq/kappa_mean`` mean kappa over turns.
 - Per-turn accumulation curves, one key per turn number ``t = 1..T_max`` (t counts a trajectory's turns
   present in the batch, starting at 1), flat key format ``turn/<curve>/<t>``, e.g. ``turn/abs_Lambda/3``:
-  ``turn/abs_delta_mean/<t>`` (token mean of |delta| over turns number t),
+  ``turn/abs_delta_mean/<t>`` (token mean of |delta| over turns number t, delta clamped to [-20, 20] as in D[t]:
+  the raw mean of ``mismatch/abs_delta_mean`` restricted to turn t unless a token's |delta| exceeds 20 nats),
   ``turn/abs_prefix_logratio/<t>`` (mean over turns number t of |sum_{k<t} D[k]|),
   ``turn/abs_Lambda/<t>`` (mean |Lambda[t]|; only for methods with a prefix weight).
   ``turn_curve(metrics, "abs_Lambda")`` reads a curve back as a list indexed by t - 1.
