@@ -9,7 +9,8 @@ Names are stable (loggers and plots key on them):
 - ``mismatch/nonfinite_frac`` share of action tokens whose proximal or behavior log-prob is NaN/inf.
 - ``weights/{mean,std,min,max,ess}`` over the kept action tokens, after every cap;
   ``ess = 1 / mean((w / mean w)^2)`` in (0, 1].  ``weights/keep_frac`` = kept / action tokens.
-- ``interq/budget_bound_frac`` share of turns with kappa < 1; ``interq/lambda_abs_mean`` mean |Lambda|
+- ``interq/budget_bound_frac`` share of turns with kappa < 1 (a trajectory's first turn has no history, never
+  binds and counts in the denominator; ``turn/budget_bound_frac/<t>`` gives it per turn number); ``interq/lambda_abs_mean`` mean |Lambda|
   over turns; ``interq/support_mean`` mean effective support s over non-empty turns;
   ``interq/kappa_mean`` mean kappa over turns.
 - Per-turn accumulation curves, one key per turn number ``t = 1..T_max`` (t counts a trajectory's turns
