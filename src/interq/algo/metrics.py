@@ -10,9 +10,9 @@ Names are stable (loggers and plots key on them):
 - ``weights/{mean,std,min,max,ess}`` over the kept action tokens, after every cap;
   ``ess = 1 / mean((w / mean w)^2)`` in (0, 1].  ``weights/keep_frac`` = kept / action tokens.
 - ``interq/budget_bound_frac`` share of turns with kappa < 1 (a trajectory's first turn has no history, never
-  binds and counts in the denominator; ``turn/budget_bound_frac/<t>`` gives it per turn number); ``interq/lambda_abs_mean`` mean |Lambda|
-  over turns; ``interq/support_mean`` mean effective support s over non-empty turns;
-  ``interq/kappa_mean`` mean kappa over turns.
+  binds and counts in the denominator; ``turn/budget_bound_frac/<t>`` gives it per turn number);
+  ``interq/lambda_abs_mean`` mean |Lambda| over turns; ``interq/support_mean`` mean effective support s over
+  non-empty turns; ``interq/kappa_mean`` mean kappa over turns.
 - Per-turn accumulation curves, one key per turn number ``t = 1..T_max`` (t counts a trajectory's turns
   present in the batch, starting at 1), flat key format ``turn/<curve>/<t>``, e.g. ``turn/abs_Lambda/3``:
   ``turn/abs_delta_mean/<t>`` (token mean of |delta| over turns number t, delta clamped to [-20, 20] as in D[t]:
