@@ -8,7 +8,8 @@ separately, the no-grad forward of the proximal pass (``rl.proximal_logprobs``).
 ``--turns`` turns of ``--obs-tokens`` observation tokens then ``--act-tokens`` action tokens, random token ids.
 
 Arms run side by side in interleaved rounds; each time is the median over rounds (``fwd_bwd_tokens_per_s``) and
-the fastest round (``..._best``, the least disturbed by other jobs on a shared machine). Two bf16 modes
+the fastest round (``..._best``, the least disturbed by other jobs on a shared machine), and the process CPU seconds
+of each pass (``fwd_bwd_cpu_s``, median; all threads). Two bf16 modes
 (``train.learner_autocast``), each timed only where bf16 is native (``interq.machine.bf16_native``: AVX512_BF16/AMX
 CPUs, CUDA sm >= 8.0) or with ``--bf16 on``: ``*_bf16``, ``torch.autocast(device, torch.bfloat16)`` around the
 forward, and ``*_bf16bwd``, the fp32 forward with the linear layers' backward GEMMs in bf16
@@ -95,6 +96,7 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
         model.zero_grad(set_to_none=True)
         learner_pass(model, ids[:1, :w], mask[:1, :w], act[:1, :w], al, qcfg, PRECISIONS[pr])
     fb = {label(*a): [] for a in arms}
+    fb_cpu = {label(*a): [] for a in arms}  # process CPU seconds of the same passes: steadier than wall time when shared
     fwd = {label(*a): [] for a in arms}
     numerics: dict = {}
     ref: dict = {}
@@ -104,10 +106,11 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
             kernels.set_enabled(not eg)
             model.zero_grad(set_to_none=True)
             synchronize(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             lp = learner_pass(model, ids, mask, act, al, qcfg, PRECISIONS[pr])
             synchronize(device)
             fb[k].append(time.perf_counter() - t0)
+            fb_cpu[k].append(time.process_time() - c0)
             if rnd == 0 and not eg:  # numerics of the bf16 modes against fp32, same batch, same align mode
                 g = grad_vector(model)
                 if pr == "fp32":
@@ -127,7 +130,8 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
             learner_pass(model, ids, mask, act, al, qcfg, PRECISIONS[pr], backward=False)
             synchronize(device)
             fwd[k].append(time.perf_counter() - t0)
-        print(f"[{name}] round {rnd + 1}/{args.rounds}: " + ", ".join(f"{k} {fb[k][-1]:.2f}s" for k in fb), flush=True)
+        print(f"[{name}] round {rnd + 1}/{args.rounds}: " + ", ".join(f"{k} {fb[k][-1]:.2f}s ({fb_cpu[k][-1]:.1f} CPU s)"
+                                                                       for k in fb), flush=True)
     kernels.set_enabled(True)
     ref.clear()
     model.zero_grad(set_to_none=True)
@@ -137,6 +141,7 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
            # fastest round: the least disturbed by other jobs on a shared machine
            "fwd_bwd_tokens_per_s_best": {k: round(tokens / min(v), 1) for k, v in fb.items()},
            "fwd_only_tokens_per_s": {k: round(tokens / statistics.median(v), 1) for k, v in fwd.items() if v},
+           "fwd_bwd_cpu_s": {k: round(statistics.median(v), 2) for k, v in fb_cpu.items()},
            "bf16_vs_fp32_numerics": numerics}
     s = res["fwd_bwd_tokens_per_s"]
     for key, num, den in (("aligned_over_plain_fp32", "aligned_fp32", "plain_fp32"),
