@@ -223,9 +223,9 @@ def main() -> None:
         est = {k: round(args.step_tokens / v, 1) for k, v in s.items()}
         result["smollm2_step_learner_s_est"] = est
         print(f"[smollm2] learner seconds for a {args.step_tokens}-token RL step (estimate): {est}", flush=True)
-        for k in ("aligned_over_plain_fp32", "bf16_over_fp32_plain", "bf16_over_fp32_aligned", "bf16bwd_over_fp32_plain",
-                  "bf16bwd_over_fp32_aligned"):
-            for k in (k, k + "_best"):
+        for ratio in ("aligned_over_plain_fp32", "bf16_over_fp32_plain", "bf16_over_fp32_aligned",
+                      "bf16bwd_over_fp32_plain", "bf16bwd_over_fp32_aligned"):
+            for k in (ratio, ratio + "_best"):
                 if k in result["smollm2"]:
                     result[f"smollm2_{k}"] = result["smollm2"][k]
     if not args.skip_tiny:

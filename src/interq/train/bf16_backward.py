@@ -6,12 +6,12 @@ log-probs, ratios and corrections are the fp32 ones bit for bit; the backward co
 copies of the operands (``grad_x = grad_y @ W``, ``grad_W = grad_y^T @ x``; the bias gradient stays an fp32 sum)
 and hands fp32 gradients back. The input is saved for the backward as bf16 (half the memory of an fp32 copy).
 
-Why: the GEMMs are about 70% of a SmolLM2 learner step on CPU (``aten::mm`` in a profile of the aligned
+Why: the GEMMs are about 70% of a SmolLM2 learner pass on CPU (``aten::mm`` in a profile of the aligned
 learner, 832 tokens), two thirds of them in the backward, and a bf16 GEMM runs about 2.9x an fp32 one where bf16
 is native (AVX512_BF16 / AMX CPUs; tensor cores). Unlike ``train.learner_autocast=bf16`` it applies to the
 aligned learner too: nothing upstream of the aligned forward's activation quantization changes, so its int8 codes
 are those of the fp32 forward. What it costs: each gradient GEMM rounds to bf16 (8 significant bits), measured in
-``tests/test_train_bf16_backward.py`` and docs/benchmarks.md "Learner throughput".
+``tests/test_train_bf16_backward.py`` and docs/benchmarks.md "The backward's GEMMs in bf16".
 
 Attention, norms and the other element-wise backward ops keep fp32; only ``F.linear`` calls are taken (the
 decoder's projections, the lm-head, the aligned learner's fake-quantized GEMMs and MoE experts' loops).
@@ -34,7 +34,7 @@ class Bf16BackwardLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b):
-        ctx.save_for_backward(x.to(torch.bfloat16), w)
+        ctx.save_for_backward(x.to(torch.bfloat16) if ctx.needs_input_grad[1] else None, w)  # x only for grad_W
         ctx.x_dtype, ctx.has_bias = x.dtype, b is not None
         return _F_LINEAR(x, w, b)
 
