@@ -82,7 +82,9 @@ REGIME_EXECUTORS = {"natural": "W8A8-KV8", "matched": "W4A4-KV4 (mismatch matche
 DEMO_FINDING = ("The comparison study (docs/results.md section 4; 3 seeds, 200 steps) separates the arms only in its "
                 "text-action setting under the matched W4A4-KV4 executor, after 100-200 steps: the arms whose learner "
                 "runs the executor's quantization (q-align, q-interq) end 14-16 points above q-tis and q-naive, and "
-                "q-interq is not separated from q-align. This 10-minute demo (action numbers, 20 steps) cannot show that: read it "
+                "q-interq is not separated from q-align, nor from its own variants (budgets 0.1 to none, a uniform share, the "
+                "raw prefix ratio: section 4c); under the natural W8A8-KV8 executor no arm separates (section 4b). "
+                "This 10-minute demo (action numbers, 20 steps) cannot show that: read it "
                 "as the loop running end to end, not as evidence for or against InterQ.")
 
 
