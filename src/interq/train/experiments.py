@@ -299,6 +299,28 @@ def summarize(runs: dict, threshold: float) -> dict:
     return out
 
 
+def _aligned_finals(runs: dict, seeds: dict | None, arms: list[str]) -> tuple[list[int] | None, dict] | None:
+    """The final held-out outcomes of ``arms`` over the seeds all of them have (``seeds[arm]``: the seed of each of
+    ``runs[arm]``, in order; without it, runs are paired by position and every arm needs as many), so that episode i
+    of seed s is the same task and sampling seed in every arm. -> (the common seeds, or None when paired by
+    position; ``{arm: [outcomes per seed]}``), or None when there is no run in common, a run did not log its outcomes,
+    or the runs' final steps or held-out sets differ (a partial run)."""
+    if seeds is not None and all(a in seeds for a in arms):
+        common = sorted(set.intersection(*(set(seeds[a]) for a in arms)))
+        picked = {a: [dict(zip(seeds[a], runs.get(a) or []))[x] for x in common] for a in arms}
+    else:
+        common, picked = None, {a: runs.get(a) or [] for a in arms}
+        if len({len(v) for v in picked.values()}) != 1:
+            return None
+    if not picked[arms[0]]:
+        return None
+    finals = {a: [(_evals(r)[-1][0], _final_outcomes(r)) for r in picked[a]] for a in arms}
+    every = [f for a in arms for f in finals[a]]
+    if any(o is None for _, o in every) or len({st for st, _ in every}) != 1 or len({len(o) for _, o in every}) != 1:
+        return None
+    return common, {a: [o for _, o in finals[a]] for a in arms}
+
+
 # the paper's claims, as paired differences of final held-out success (arm minus reference)
 PAIRS = (("q-interq", "q-tis"), ("q-interq", "q-align"), ("q-interq", "bf16"), ("q-align", "bf16"),
          ("q-tis", "bf16"), ("q-naive", "bf16"))
@@ -311,25 +333,16 @@ def paired_differences(runs: dict, seeds: dict | None = None) -> dict:
     the same task and sampling seed in every arm, :func:`interq.train.rl.evaluate`)."""
     from interq.train.stats import paired_difference, paired_difference_over_seeds
 
-    def finals(recs):
-        return [(_evals(r)[-1][0], _final_outcomes(r)) for r in recs]
-
     pairs = list(PAIRS) + [(a, "q-interq") for a in runs if a not in {x for pr in PAIRS for x in pr}]
     out = {}
     for a, b in pairs:
-        common = None
-        if seeds is not None and a in seeds and b in seeds:
-            common = sorted(set(seeds[a]) & set(seeds[b]))
-            by_seed_a, by_seed_b = dict(zip(seeds[a], runs.get(a) or [])), dict(zip(seeds[b], runs.get(b) or []))
-            fa, fb = finals([by_seed_a[x] for x in common]), finals([by_seed_b[x] for x in common])
-        else:
-            fa, fb = finals(runs.get(a) or []), finals(runs.get(b) or [])
-        if not fa or len(fa) != len(fb) or any(o is None for _, o in fa + fb):
+        aligned = _aligned_finals(runs, seeds, [a, b])
+        if aligned is None:
             continue
-        if len({st for st, _ in fa + fb}) != 1 or len({len(o) for _, o in fa + fb}) != 1:
-            continue  # unequal final steps (a partial run) or held-out sets: not comparable episode by episode
-        res = paired_difference([o for _, o in fa], [o for _, o in fb])
-        over = paired_difference_over_seeds([o for _, o in fa], [o for _, o in fb])
+        common, finals = aligned
+        fa, fb = finals[a], finals[b]
+        res = paired_difference(fa, fb)
+        over = paired_difference_over_seeds(fa, fb)
         out[f"{a} - {b}"] = {"diff": round(res["diff"], 4), "ci95": [round(x, 4) for x in res["ci95"]],
                              "ci95_seeds_and_tasks": [round(x, 4) for x in over["ci95"]],
                              "per_seed": [round(x, 4) for x in over["per_seed"]],
@@ -392,18 +405,11 @@ def budget_trend(runs: dict, seeds: dict | None, base_budget: float) -> dict | N
             levels[arm] = b
     if len(levels) < 3:
         return None
-    if seeds is not None and all(a in seeds for a in levels):
-        common = sorted(set.intersection(*(set(seeds[a]) for a in levels)))
-        finals = {a: [dict(zip(seeds[a], runs[a]))[x] for x in common] for a in levels}
-    else:
-        common, n = None, min(len(runs[a]) for a in levels)
-        finals = {a: runs[a][:n] for a in levels}
     arms = sorted(levels, key=levels.get)
-    outcomes = {a: [_final_outcomes(r) for r in finals[a]] for a in arms}
-    steps = {_evals(r)[-1][0] for a in arms for r in finals[a]}
-    if (not all(outcomes[a] for a in arms) or any(o is None for a in arms for o in outcomes[a]) or len(steps) != 1
-            or len({len(o) for a in arms for o in outcomes[a]}) != 1):
+    aligned = _aligned_finals(runs, seeds, arms)
+    if aligned is None:
         return None  # no common finished seed, or unequal final steps / held-out sets
+    common, outcomes = aligned
     res = linear_trend([math.log10(levels[a]) for a in arms], [outcomes[a] for a in arms])
     return {"arms": arms, "budgets": [levels[a] for a in arms], "means": [round(x, 4) for x in res["means"]],
             "slope_per_decade": round(res["slope"], 4), "ci95_seeds_and_tasks": [round(x, 4) for x in res["ci95"]],
