@@ -175,8 +175,9 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--skip-smollm2", action="store_true")
     p.add_argument("--int8-multiturn", action="store_true", help="also time the multi-turn episodes on the int8 executor")
-    p.add_argument("--attention", default="sdpa", choices=list(ATTENTION_CHOICES),
-                   help="the engines' attention (rollout.attention); generate keeps transformers' sdpa")
+    p.add_argument("--attention", default="sdpa_packed", choices=list(ATTENTION_CHOICES),
+                   help="the engines' attention (rollout.attention; default: the rollout's default); generate keeps "
+                        "transformers' sdpa")
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds per measurement, order rotated; medians (and paired ratio medians) reported")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")

@@ -254,6 +254,8 @@ def main() -> None:
     ap.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (torch.compile; slow to start on 2 cores)")
     ap.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default 0-<threads-1>; 'auto' = vLLM's own)")
     ap.add_argument("--vllm-timeout", type=int, default=900, help="seconds per vLLM configuration")
+    ap.add_argument("--attention", default="sdpa_packed", choices=["sdpa", "sdpa_packed"],
+                    help="our engines' attention (rollout.attention; default: the rollout's default)")
     args = ap.parse_args()
     if args.vllm_worker:
         vllm_worker(args.vllm_worker)
@@ -266,6 +268,7 @@ def main() -> None:
     from interq.models.pretrained import load_smollm2, smollm2_dir
     from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor, make_kv_cache
     from interq.rollout import RolloutEngine
+    from interq.rollout.attention import set_rollout_attention
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_quant import PROMPTS
@@ -283,14 +286,17 @@ def main() -> None:
     print(f"SmolLM2-135M-Instruct, batch {b}, prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
           f"{n} new tokens, greedy, {args.rounds} rounds", flush=True)
 
+    def executor(cfg):
+        return set_rollout_attention(make_executor(learner, cfg), args.attention)
+
     qcfg = QuantConfig()
     arms = {
-        "ours_bf16": RolloutEngine(make_executor(learner, BF16_EXECUTOR), max_context_tokens=4096),
-        "ours_w8a8_kv8": RolloutEngine(make_executor(learner, qcfg), cache_factory=lambda c: make_kv_cache(qcfg, c),
+        "ours_bf16": RolloutEngine(executor(BF16_EXECUTOR), max_context_tokens=4096),
+        "ours_w8a8_kv8": RolloutEngine(executor(qcfg), cache_factory=lambda c: make_kv_cache(qcfg, c),
                                        max_context_tokens=4096),
     }
     bf16kv = QuantConfig(kv_format="none")
-    arms["ours_w8a8_bf16kv"] = RolloutEngine(make_executor(learner, bf16kv), max_context_tokens=4096)
+    arms["ours_w8a8_bf16kv"] = RolloutEngine(executor(bf16kv), max_context_tokens=4096)
     t1s: dict[str, list[float]] = {k: [] for k in arms}
     tns: dict[str, list[float]] = {k: [] for k in arms}
     tokens: dict[str, list[list[int]]] = {}
@@ -362,6 +368,7 @@ def main() -> None:
         "model": "smollm2-135m-instruct", "batch": b, "new_tokens": n, "rounds": args.rounds, "threads": args.threads,
         "method": "decode tok/s = batch*(N-1)/(t_N - t_1), medians; greedy; ours via RolloutEngine, vLLM via LLM.generate",
         "vllm_status": status,
+        "attention": args.attention,
         "vllm_compile": args.vllm_compile,
         "vllm_bind": vllm_bind(args),
         "decode_tok_s": speed,

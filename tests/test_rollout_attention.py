@@ -105,7 +105,8 @@ def test_build_executor_gives_the_rollout_copy_the_attention_and_leaves_the_lear
     from interq.train.config import RolloutConfig
 
     learner = _gqa_llama(torch.float32)
-    ex = build_executor(learner, RolloutConfig(executor=executor, attention="sdpa_packed"))
+    ex = build_executor(learner, RolloutConfig(executor=executor))  # the default since NUMERICS_VERSION 2
     assert ex.module.config._attn_implementation == NAME
     assert learner.config._attn_implementation == "sdpa"
-    assert build_executor(learner, RolloutConfig(executor=executor)).module.config._attn_implementation == "sdpa"
+    plain = build_executor(learner, RolloutConfig(executor=executor, attention="sdpa"))
+    assert plain.module.config._attn_implementation == "sdpa"

@@ -3,6 +3,8 @@ KV reuse == re-prefill, stop / per-turn / context limits, cache freeing, validat
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -385,11 +387,26 @@ def test_exponential_race_equals_the_serial_loop(inference):
     try:
         with torch.inference_mode(inference):
             got = exponential_race([torch.Generator().manual_seed(s) for s in range(7)], 300)  # [7, 300]
-        ref = torch.stack([torch.empty(300).exponential_(1.0, generator=torch.Generator().manual_seed(s)) for s in range(7)])
-        assert torch.equal(got, ref)
+        ref = torch.stack(
+            [torch.empty(300, dtype=torch.float64).uniform_(generator=torch.Generator().manual_seed(s)) for s in range(7)]
+        )
+        assert torch.equal(got, (-ref.log()).float())
         assert not torch.equal(got[0], got[1])
     finally:
         torch.set_num_threads(threads)
+
+
+def test_exponential_race_is_exp1():
+    """E = -log U is Exp(1): mean 1, variance 1, P(E > t) = exp(-t) in the tail, no zero, no NaN (a zero would give a
+    token an infinite race value)."""
+    from interq.rollout.sampling import exponential_race
+
+    e = exponential_race([torch.Generator().manual_seed(s) for s in range(8)], 50_000).double().flatten()  # [400k]
+    assert not e.isnan().any() and (e > 0).all()
+    assert abs(e.mean().item() - 1) < 0.01 and abs(e.var().item() - 1) < 0.02
+    for t in (0.01, 1.0, 5.0, 9.0):
+        expected = math.exp(-t)
+        assert abs((e > t).double().mean().item() - expected) < 4 * math.sqrt(expected / e.numel()) + 1e-6, t
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -245,3 +245,44 @@ def test_saves_cut_by_a_kill_are_pruned_but_live_ones_kept(tmp_path, capsys):
     assert not leftovers["dead"].exists()
     assert all(leftovers[k].exists() for k in ("live", "legacy", "other"))
     assert not [p for p in tmp_path.glob(f".warm_start.{os.getpid()}.*")]  # the finished save's own temp is gone
+
+
+def test_report_only_reads_runs_of_an_older_numerics_version_and_says_so(tmp_path, capsys, monkeypatch):
+    """After a NUMERICS_VERSION bump a run refuses to resume, but ``compare --report-only`` still tabulates it, with a
+    note naming the older version; a default moved by the bump is no difference for the report, a chosen field is."""
+    out = tmp_path / "cmp"
+    args = ["compare", "--out", str(out), "--arms", "bf16,q-interq", "--seeds", "0", *CMP]
+    assert _cli(capsys, args)[0] == 0
+    old = provenance.NUMERICS_VERSION
+    monkeypatch.setattr(provenance, "NUMERICS_VERSION", old + 1)
+    monkeypatch.setattr(provenance, "DEFAULT_CHANGES", {old + 1: {"rollout.attention": ("sdpa_packed", "sdpa")}})
+    moved = [*args, "rollout.attention=sdpa"]  # as if the bump had moved the default to sdpa
+    rc, err = _cli(capsys, moved)
+    assert rc == 2 and f"numerics_version: {old} -> {old + 1}" in err and "rollout.attention" in err, err
+    capsys.readouterr()
+    assert main([*moved, "--report-only"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(printed.splitlines()[-1].removeprefix("RESULT "))
+    assert result["older_numerics"] == {"bf16-s0": old, "q-interq-s0": old, "warm_start": old}
+    assert "q-interq" in result["regimes"]["natural"]
+    assert f"computed under numerics version {old} (this code: {old + 1})" in (out / "compare.md").read_text()
+    rc, err = _cli(capsys, [*moved, "algo.budget=0.25", "--report-only"])  # another arm than the stored one
+    assert rc == 2 and "algo.budget: 0.5 -> 0.25" in err and "numerics_version" not in err, err
+
+
+def test_a_field_a_run_does_not_record_counts_at_the_default_of_its_version(run):
+    """The study's runs (version 1) do not record ``rollout.attention``: they ran transformers' ``sdpa``, the default
+    then, and so differ from today's default (``sdpa_packed``) unless the difference is read for a report."""
+    from interq.train.config import load_config
+
+    cfg = load_config(run / "config.yaml")  # the run's own config: attention at today's default
+    assert cfg.rollout.attention == "sdpa_packed"
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    del stored["rollout"]["attention"]
+    (run / "config.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    prov = json.loads((run / "provenance.json").read_text())
+    (run / "provenance.json").write_text(json.dumps({**prov, "numerics_version": 1}))
+    start = {**prov["start_policy"], "numerics_version": provenance.NUMERICS_VERSION}  # today's warm start
+    diffs = provenance.run_differences(cfg, run, start)
+    assert diffs[:2] == [f"numerics_version: 1 -> {provenance.NUMERICS_VERSION}", "rollout.attention: sdpa -> sdpa_packed"]
+    assert provenance.run_differences(cfg, run, start, report=True) == []

@@ -125,11 +125,11 @@ class RolloutConfig:
     kv_bits: int = 8                    # K/V cache; needs kv_format=int8_per_token_head below 8
     temperature: float = 1.0
     top_p: float = 1.0
-    # sdpa: transformers' attention as it comes (the numerics of the recorded study runs); sdpa_packed: a single
-    # query token always attends with its KV head's query heads packed (interq.rollout.attention): the same kernel
-    # path whatever the batch's padding; for GQA models where no row is padded, decode attention 3.3-6.1x faster
-    # in bf16 on CPU (docs/benchmarks.md, "decode attention").
-    attention: str = "sdpa"
+    # sdpa_packed (default since NUMERICS_VERSION 2): a single query token always attends with its KV head's query
+    # heads packed (interq.rollout.attention): the same kernel path whatever the batch's padding; for GQA models
+    # where no row is padded, decode attention 3.3-6.1x faster in bf16 on CPU (docs/benchmarks.md, "decode
+    # attention"). sdpa: transformers' attention as it comes (the numerics of the study's runs, version 1).
+    attention: str = "sdpa_packed"
     max_action_tokens: int = 12
     max_context_tokens: int = 2048      # reaching it truncates the episode
     history_turns: int = 0              # per_turn layout: earlier (observation, action) pairs re-rendered in each prompt (0: none, the task and the current observation only, as verl-agent's history_length=0)

@@ -175,20 +175,29 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
     run directories hold (a run may be partial: its records end at the last logged step)."""
     from interq.train.logging import read_jsonl
     from interq.train.pipeline import prepare_policy, run_training
-    from interq.train.provenance import run_differences, settle, warm_start_differences, warm_start_identity
+    from interq.train.provenance import (NUMERICS_VERSION, run_differences, settle, stored_numerics_version,
+                                         warm_start_differences, warm_start_identity)
 
     regimes = regimes or ["natural"]
     base = _load("household", overrides)
     plan = plan_runs(arms, seeds, overrides, regimes)
     unique = {name: cfg for name, cfg in plan.values()}
     start_policy = warm_start_identity(base)
-    settle([(out / "warm_start", warm_start_differences(base, out / "warm_start")),
-            *((out / name, run_differences(cfg, out / name, start_policy)) for name, cfg in unique.items())],
+    settle([(out / "warm_start", warm_start_differences(base, out / "warm_start", report=report_only)),
+            *((out / name, run_differences(cfg, out / name, start_policy, report=report_only))
+              for name, cfg in unique.items())],
            fresh and not report_only, log)
     records: dict[str, list[dict]] = {}
     warm_s, summary = 0.0, {}
+    older: dict[str, object] = {}  # report only: directories computed under another numerics version
     if report_only:
         records = {name: read_jsonl(out / name / "metrics.jsonl") for name in unique}
+        older = {name: v for name in ["warm_start", *unique] if (out / name).is_dir()
+                 and (v := stored_numerics_version(out / name)) != NUMERICS_VERSION}
+        if older:
+            log(f"[report] {len(older)} directories were computed under another numerics version than this code's "
+                f"({NUMERICS_VERSION}): reported as stored; this code would not reproduce them "
+                "(interq.train.provenance.NUMERICS_VERSION says what changed)")
         if (out / "warm_start" / "policy_summary.json").is_file():
             summary = json.loads((out / "warm_start" / "policy_summary.json").read_text())
     else:
@@ -235,7 +244,7 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
             in_progress[name] = {"step": done, "target": target, "success_before": ev[0][1] if ev else None,
                                  "last_eval_step": ev[-1][0] if ev else None, "last_eval": ev[-1][1] if ev else None}
     return {"by_regime": by_regime, "runs": by_regime.get(regimes[0], {}), "warm_start_s": warm_s, "policy": summary,
-            "progress": progress, "in_progress": in_progress, "seeds": seeds_of}
+            "progress": progress, "in_progress": in_progress, "seeds": seeds_of, "older_numerics": older}
 
 
 def _evals(recs: list[dict]) -> list[tuple[int, float]]:
@@ -592,8 +601,19 @@ def compare_main(argv: list[str]) -> int:
         md.append(f"**Partial**: {len(missing)} of {len(res['progress'])} runs have not reached their last step: "
                   + ", ".join(f"{n} ({res['progress'][n][0] if res['progress'][n][0] is not None else 'not started'}"
                               f"/{res['progress'][n][1]})" for n in missing) + "\n")
+    older = res["older_numerics"]
+    if older:
+        from interq.train.provenance import NUMERICS_VERSION
+
+        versions = sorted({str(v) for v in older.values()})
+        md.append(f"**Older numerics**: {len(older)} directories were computed under numerics version "
+                  f"{', '.join(versions)} (this code: {NUMERICS_VERSION}); their records are reported as stored, "
+                  "and this code would not reproduce them.\n")
+        print(md[-1])
     result = {"total_wall_s": round(time.perf_counter() - t0, 1), "seeds": seeds, "partial": bool(missing),
               "regimes": {}, "paired": {}}
+    if older:
+        result["older_numerics"] = {n: older[n] for n in sorted(older)}
     dump = {"regimes": {}, "paired": {}, "accumulation": {}, "progress": res["progress"]}
     for regime, runs in res["by_regime"].items():
         summary = summarize(runs, args.threshold)

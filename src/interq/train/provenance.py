@@ -36,10 +36,20 @@ import yaml
 from interq.train.atomic import write_text_atomic as _write_atomic
 from interq.train.config import ConfigError, RunConfig, to_dict
 
-NUMERICS_VERSION = 1
+NUMERICS_VERSION = 2
 """Bump when a change alters the numbers a run produces (engine, sampling, quantization, corrections, loss,
 advantages, environments, demos, tokenizer training, warm start, a config default): every warm start and run
-stored under another version then refuses to be reused."""
+stored under another version then refuses to be reused (``--report-only`` still reads them, saying so).
+
+* 1: the comparison study's runs (docs/results.md; code as of commit bb485ca).
+* 2: ``rollout.attention`` defaults to ``sdpa_packed``; the sampler's race is ``-log U`` with float64 uniforms
+  instead of ``Tensor.exponential_`` (every sampled token changes); in the concatenated layout an action cut by
+  ``rollout.max_context_tokens`` is left out of the loss (d2847a6, changed numbers only for episodes reaching it).
+"""
+
+DEFAULT_CHANGES: dict[int, dict[str, tuple[Any, Any]]] = {2: {"rollout.attention": ("sdpa", "sdpa_packed")}}
+"""The config defaults each NUMERICS_VERSION changed: ``{version: {field: (default before, default from then)}}``.
+A stored result that does not record such a field ran at the default of its own version."""
 
 HARMLESS_FIELDS = ("train.progress", "train.tensorboard")
 """Run config fields that cannot change results (display and logging only): they may differ on resume."""
@@ -162,8 +172,32 @@ def _resolved(cfg_dict: dict) -> dict:
     return yaml.safe_load(yaml.safe_dump(cfg_dict, sort_keys=False))
 
 
-def warm_start_differences(cfg: RunConfig, out_dir: str | Path) -> list[str]:
-    """Why the warm start in ``out_dir`` cannot serve ``cfg`` (empty: absent, empty, or reusable)."""
+def _defaults_of(version: Any) -> dict[str, Any]:
+    """The flattened config defaults under numerics ``version`` (the current ones with later changes undone)."""
+    defaults = _flatten(_resolved(to_dict(RunConfig())))
+    if isinstance(version, int):
+        for v in sorted(DEFAULT_CHANGES, reverse=True):
+            if v > version:
+                defaults.update({name: before for name, (before, _) in DEFAULT_CHANGES[v].items()})
+    return defaults
+
+
+def _moved_default(name: str, old: Any, new: Any, version: Any) -> bool:
+    """``old`` -> ``new`` is a default that moved after numerics ``version`` (neither side chose it)."""
+    if not isinstance(version, int):
+        return False
+    return any(name in changes and old == _defaults_of(version)[name] and new == changes[name][1]
+               for v, changes in DEFAULT_CHANGES.items() if v > version)
+
+
+def stored_numerics_version(result_dir: str | Path) -> Any:
+    """The NUMERICS_VERSION a stored warm start or run directory was computed under (``None``: unrecorded)."""
+    return (_read_json(Path(result_dir) / PROVENANCE) or {}).get("numerics_version")
+
+
+def warm_start_differences(cfg: RunConfig, out_dir: str | Path, report: bool = False) -> list[str]:
+    """Why the warm start in ``out_dir`` cannot serve ``cfg`` (empty: absent, empty, or reusable). ``report``: only
+    what makes it another warm start than ``cfg``'s, not the numerics version it was computed under."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return []
@@ -172,7 +206,7 @@ def warm_start_differences(cfg: RunConfig, out_dir: str | Path) -> list[str]:
     stored = _read_json(out_dir / PROVENANCE) or {}
     new = warm_start_identity(cfg)
     out = []
-    if stored.get("numerics_version", _UNRECORDED) != NUMERICS_VERSION:
+    if stored.get("numerics_version", _UNRECORDED) != NUMERICS_VERSION and not report:
         out.append(_change("numerics_version", stored.get("numerics_version", _UNRECORDED), NUMERICS_VERSION))
     if "inputs" in stored:
         out += [_change(k, o, n) for k, o, n in _diff(stored["inputs"], new["inputs"])]
@@ -183,8 +217,12 @@ def _holds_run(run_dir: Path) -> bool:
     return any((run_dir / n).exists() for n in ("config.yaml", PROVENANCE, "metrics.jsonl", "checkpoints"))
 
 
-def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | None) -> list[str]:
-    """Why the run in ``run_dir`` cannot be resumed as ``cfg`` from ``start_policy`` (empty: none there, or it can)."""
+def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | None, report: bool = False) -> list[str]:
+    """Why the run in ``run_dir`` cannot be resumed as ``cfg`` from ``start_policy`` (empty: none there, or it can).
+
+    ``report``: why its records are not those of ``cfg``'s run, for reading them without running anything: a run
+    of an older numerics version passes (the caller says so), and so does a field whose default moved since that
+    version (:data:`DEFAULT_CHANGES`) while neither side chose it."""
     run_dir = Path(run_dir)
     if not _holds_run(run_dir):
         return []
@@ -195,15 +233,17 @@ def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | No
     if not isinstance(stored_cfg, dict):
         return ["config.yaml: <unrecorded>"]
     prov = _read_json(run_dir / PROVENANCE) or {}
+    version = prov.get("numerics_version", _UNRECORDED)
     out, changed = [], []
-    if prov.get("numerics_version", _UNRECORDED) != NUMERICS_VERSION:
-        out.append(_change("numerics_version", prov.get("numerics_version", _UNRECORDED), NUMERICS_VERSION))
+    if version != NUMERICS_VERSION:
         changed.append("numerics_version")
-    defaults = _flatten(_resolved(to_dict(RunConfig())))
-    old = {**defaults, **_flatten(stored_cfg)}  # a field added since counts at its default (see module docstring)
+        if not report:
+            out.append(_change("numerics_version", version, NUMERICS_VERSION))
+    # a field added since counts at the default of the run's version (see module docstring)
+    old = {**_defaults_of(version), **_flatten(stored_cfg)}
     new = _flatten(_resolved(to_dict(cfg)))
     for name, o, n in _diff(old, new):
-        if name in HARMLESS_FIELDS:
+        if name in HARMLESS_FIELDS or (report and _moved_default(name, o, n, version)):
             continue
         if name == "train.steps" and isinstance(o, int) and isinstance(n, int) and n > o:
             continue  # extending a run is exact (module docstring)
@@ -216,7 +256,7 @@ def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | No
             parts = _diff(_flatten(old_start, depth=2), _flatten(new_start, depth=2))
             # what is already listed above (a config field, the numerics version) is not repeated
             out += [_change(f"start_policy.{k}", o, n) for k, o, n in parts
-                    if k.removeprefix("inputs.") not in changed]
+                    if k.removeprefix("inputs.") not in changed and not (report and k == "numerics_version")]
         else:
             out.append(_change("start_policy", old_start, new_start))
     return out
