@@ -89,6 +89,35 @@ def test_aligned_gradients_reach_master_weights_straight_through():
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 
 
+def test_aligned_quantizes_a_fused_input_once_with_the_same_gradients(monkeypatch):
+    """q|k|v and gate|up read one input: its activation is fake-quantized once (as the executor does), and the
+    gradients equal those of quantizing it per projection (the STE sums meet in another order)."""
+    import importlib
+
+    A = importlib.import_module("interq.quant.aligned")
+    qcfg = QuantConfig()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    grads, calls = [], []
+    for shared in (True, False):
+        torch.manual_seed(0)
+        learner = tiny_causal_lm("llama")
+        learner.train()
+        count = A.fq_activation
+        monkeypatch.setattr(A, "fq_activation", lambda x, q: calls.append(shared) or count(x, q))
+        if not shared:
+            monkeypatch.setattr(A, "_shared_fq_activation", A.fq_activation)
+        with aligned(learner, qcfg):
+            logits = learner(input_ids=ids).logits
+        torch.log_softmax(logits.float(), -1)[..., 0].sum().backward()
+        grads.append({n: p.grad for n, p in learner.named_parameters()})
+        monkeypatch.undo()
+    layers = learner.config.num_hidden_layers
+    assert calls.count(True) == 4 * layers  # attention input, o_proj, mlp input, down_proj
+    assert calls.count(False) == 7 * layers  # one per projection
+    for n, g in grads[0].items():
+        torch.testing.assert_close(g, grads[1][n], rtol=1e-5, atol=1e-6, msg=n)
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_aligned_linear_gradient_is_the_ste_identity(bits):
     """dL/dW through fq(W) is dL/d fq(W) exactly (unclipped), and dL/dx through fq(x) likewise, at any width."""

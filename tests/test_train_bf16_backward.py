@@ -66,6 +66,22 @@ def test_the_context_takes_graph_building_fp32_linears_only_and_restores_f_linea
     assert F.linear is torch._C._nn.linear and "Bf16BackwardLinear" not in type(F.linear(x, w).grad_fn).__name__
 
 
+def test_projections_of_one_input_share_one_bf16_copy():
+    """q|k|v (gate|up) read the same input: one bf16 copy is saved for all of them, a new one once the input changed."""
+    x, w, _, gy = _operands(bias=False)
+    h = x * 1  # a non-leaf input, as a decoder's hidden states
+    with bf16_backward():
+        ya, yb = F.linear(h, w), F.linear(h, w * 2)
+        h.mul_(1)  # in place: a new version of the input
+        yc = F.linear(h, w)
+    saved = [y.grad_fn.saved_tensors[0] for y in (ya, yb, yc)]
+    assert saved[0].data_ptr() == saved[1].data_ptr() != saved[2].data_ptr()
+    assert all(torch.equal(t, x.detach().bfloat16()) for t in saved)
+    (ya + yb).backward(gy)  # the gradients are those of separate copies
+    g16, x16, w16 = gy.reshape(-1, 10).bfloat16(), x.detach().reshape(-1, 24).bfloat16(), w.detach().bfloat16()
+    torch.testing.assert_close(x.grad, (g16 @ w16).float().reshape(3, 7, 24) * 3, rtol=1e-2, atol=1e-3)
+
+
 def _grad(model, align, autocast, checkpointing=False):
     qcfg = QuantConfig() if align else None
     enable_activation_checkpointing(model, checkpointing)

@@ -161,6 +161,24 @@ def clear_aligned_cache(model: nn.Module) -> None:
         _FQ_CACHE.pop(m, None)
 
 
+_LAST_XQ: list = [None]  # (weakref to x, x's version, grad mode, qcfg, fq(x)): the last activation quantized
+
+
+def _shared_fq_activation(x: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
+    """``fq_activation(x, qcfg)``, computed once for the projections that read the same input one after the other
+    (q|k|v, gate|up: as the executor quantizes a fused input once). The same value; the STE gradients of the
+    projections meet at the shared node instead of at ``x`` (the same sum, in another order)."""
+    if x.is_inference():  # no version counter to key on
+        return fq_activation(x, qcfg)
+    last = _LAST_XQ[0]
+    grad = torch.is_grad_enabled()
+    if last is not None and last[0]() is x and last[1] == x._version and last[2] == grad and last[3] is qcfg:
+        return last[4]
+    xq = fq_activation(x, qcfg)
+    _LAST_XQ[0] = (weakref.ref(x), x._version, grad, qcfg, xq)
+    return xq
+
+
 def aligned_linear_forward(mod: nn.Linear, qcfg: QuantConfig, group: list[nn.Linear] | None, x: torch.Tensor,
                            cache: bool = False):
     """y = fq(x) @ fq(W).T (+ b) in fp32, cast to x's dtype; STE to x and W. ``cache``: fq(W) once per version."""
@@ -172,7 +190,7 @@ def aligned_linear_forward(mod: nn.Linear, qcfg: QuantConfig, group: list[nn.Lin
         w = fq_weight_ste_cached(mod, "weight", mod.weight, qcfg, amax, deps)  # [N, K] fp32
     else:
         w = P.fq_weight_ste(mod.weight, qcfg, amax())  # [N, K] fp32
-    xq = fq_activation(x, qcfg)  # [..., K] fp32
+    xq = _shared_fq_activation(x, qcfg)  # [..., K] fp32
     y = nn.functional.linear(xq, w)  # [..., N] fp32
     if mod.bias is not None:
         y = y + mod.bias.to(x.dtype).float()
@@ -232,6 +250,7 @@ def aligned(model: nn.Module, qcfg: QuantConfig, cache_weights: bool = True):
             cfg._attn_implementation = _register(old_attn)
         yield model
     finally:
+        _LAST_XQ[0] = None
         for m in patched:
             del m.forward
         cfg._attn_implementation = old_attn
