@@ -28,11 +28,12 @@ import time
 
 import torch
 
+from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
 from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_token, make_executor, make_kv_cache,
                           sync_weights)
-from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
-from interq.quant.testing import tiny_causal_lm
 from interq.quant import kernels
+from interq.quant.testing import tiny_causal_lm
+from interq.rollout.attention import set_rollout_attention
 
 PROMPTS = [
     "Write a short story about a robot learning to paint.",
@@ -210,8 +211,11 @@ def main() -> None:
     ap.add_argument("--speed-batches", default="1,16", help="decode batch sizes timed (comma-separated; 1 and 16 are "
                     "the RESULT's ratios)")
     ap.add_argument("--speed-arms", default="all", help="'all', or a comma-separated subset of the speed arms: bf16, "
-                    "w8a8_kv8, w8a8_bf16kv, w8a8_kv8_unfused, w8a8_kv8_keepdq, w8a8_kv8_int_mm, w8a8_kv8_eager (the "
-                    "executor without its fused CPU kernels)")
+                    "w8a8_kv8, w8a8_bf16kv, w8a8_kv8_unfused, w8a8_kv8_codes (the cache holding int8 codes, "
+                    "dequantized on every read), w8a8_kv8_keepdq, w8a8_kv8_int_mm, w8a8_kv8_eager (the executor "
+                    "without its fused CPU kernels)")
+    ap.add_argument("--attention", default="sdpa_packed", choices=["sdpa", "sdpa_packed"],
+                    help="the speed arms' attention (rollout.attention; default: the rollout's default)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -222,7 +226,8 @@ def main() -> None:
     qcfg = QuantConfig()
     machine = machine_info(dev)  # at the start; load_avg_end added at the end
     print(f"bench_quant on {describe(machine)}", flush=True)
-    result = {"threads": args.threads, "device": str(dev), "machine": machine, "qcfg": qcfg.to_dict()}
+    result = {"threads": args.threads, "device": str(dev), "machine": machine, "qcfg": qcfg.to_dict(),
+              "attention": args.attention}
 
     # ---------------------------------------------------------------- tiny Qwen3 / Qwen3-MoE (random, from a config)
     for kind in () if args.speed_only else ("qwen3", "qwen3_moe"):
@@ -259,12 +264,14 @@ def main() -> None:
                                          args.new_tokens, args.bucket)
             del learner32
             result["smollm2"] = res
-        # the executor as make_executor builds it (q|k|v and gate|up fused, int8_backend 'auto'), and variants: a
-        # bf16 cache, one QuantLinear per linear (the unfused path, bit-identical), the cache keeping its
-        # dequantized copy (bit-identical, more memory), the torch._int_mm backend forced
+        # the executor as make_executor builds it (q|k|v and gate|up fused, int8_backend 'auto', the cache holding
+        # the dequantized values), and variants: a bf16 cache, one QuantLinear per linear (the unfused path,
+        # bit-identical), the cache holding int8 codes dequantized on every read, or codes and a dequantized copy
+        # (both bit-identical), the torch._int_mm backend forced
         variants = {
             "w8a8_bf16kv": lambda: (make_executor(learner, QuantConfig(kv_format="none")), QuantConfig(kv_format="none")),
             "w8a8_kv8_unfused": lambda: (make_executor(learner, qcfg, fuse=False), qcfg),
+            "w8a8_kv8_codes": lambda: (exe_q, qcfg, {"storage": "codes"}),
             "w8a8_kv8_keepdq": lambda: (exe_q, qcfg, {"keep_dequantized": True}),
             "w8a8_kv8_int_mm": lambda: (make_executor(learner, qcfg, int8_backend="int_mm"), qcfg),
             "w8a8_kv8_eager": lambda: (exe_q, qcfg, {"cpu_kernels": False}),
@@ -277,6 +284,8 @@ def main() -> None:
             wanted.discard("w8a8_kv8_int_mm")
         arms = {"bf16": (exe_b, BF16_EXECUTOR), "w8a8_kv8": (exe_q, qcfg)}
         arms.update({k: f() for k, f in variants.items() if k in wanted})
+        for arm in arms.values():  # the rollout's attention (the numerics above read padded rows: the same values)
+            set_rollout_attention(arm[0], args.attention)
         if args.hf_generate:
             arms["hf_generate_bf16"] = (learner, None)
         # the backend the executor actually chose (machine.int8_backend_auto is what 'auto' resolves to on this device)
@@ -305,6 +314,7 @@ def main() -> None:
                 if arm not in ("bf16", "hf_generate_bf16") and (arm, b) != ("w8a8_kv8", 16) and (arm, b) != ("w8a8_kv8", 1):
                     name = {"w8a8_kv8": "int8", "w8a8_bf16kv": "int8_bf16kv", "w8a8_kv8_int_mm": "int8_int_mm",
                             "w8a8_kv8_unfused": "int8_unfused", "w8a8_kv8_keepdq": "int8_keepdq",
+                            "w8a8_kv8_codes": "int8_codes",
                             "w8a8_kv8_eager": "int8_eager"}[arm]
                     result[f"{name}_over_bf16_decode_bs{b}"] = round(speed[f"bs{b}"][arm] / speed[f"bs{b}"]["bf16"], 3)
         if not args.speed_only:

@@ -75,7 +75,7 @@ def test_engine_refuses_a_forward_that_leaves_the_cache_empty():
 def test_executor_writes_its_quantized_cache_under_either_name(name):
     exe = make_executor(tiny_causal_lm("llama"), QuantConfig())
     ids = torch.randint(0, 128, (2, 7))
-    cache = make_kv_cache(exe.interq_qcfg, exe.config)
+    cache = make_kv_cache(exe.interq_qcfg, exe.config, storage="codes")
     with torch.no_grad():
         exe(input_ids=ids, use_cache=True, **{name: cache})
     assert cache.get_seq_length() == 7

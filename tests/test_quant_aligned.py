@@ -118,6 +118,24 @@ def test_aligned_quantizes_a_fused_input_once_with_the_same_gradients(monkeypatc
         torch.testing.assert_close(g, grads[1][n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+def test_the_shared_activation_is_recomputed_for_another_grad_mode_or_version_and_dropped_on_exit():
+    import importlib
+
+    A = importlib.import_module("interq.quant.aligned")
+    qcfg = QuantConfig()
+    x = torch.randn(4, 32, requires_grad=True) * 1  # [M, K] a non-leaf input
+    with aligned(tiny_causal_lm("llama"), qcfg):
+        with torch.no_grad():
+            off = A._shared_fq_activation(x, qcfg)
+        on = A._shared_fq_activation(x, qcfg)
+        assert off.grad_fn is None and on.grad_fn is not None and A._shared_fq_activation(x, qcfg) is on
+        with torch.no_grad():
+            x.mul_(2)  # a new version: quantized again
+        again = A._shared_fq_activation(x, qcfg)
+        assert again is not on and torch.equal(again, A.fq_activation(x, qcfg))
+    assert A._LAST_XQ[0] is None
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_aligned_linear_gradient_is_the_ste_identity(bits):
     """dL/dW through fq(W) is dL/d fq(W) exactly (unclipped), and dL/dx through fq(x) likewise, at any width."""

@@ -215,26 +215,31 @@ def test_kv_pair_quantization_equals_two_calls(qcfg):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
-def test_kv_cache_keep_dequantized_reads_the_same_values(kind):
-    """keep_dequantized: each token dequantized once and appended; reads, row selection, crop and repeat give the
-    plain cache's values bit for bit, the codes are the same, and the copy is counted in resident_nbytes only."""
+def test_kv_cache_storages_read_the_same_values(kind):
+    """The three storages: the dequantized copy (``codes+dequantized``, each token dequantized once and appended)
+    and the dequantized values alone (``dequantized``, the default) give the codes cache's logits and reads bit for
+    bit, through row selection, crop, repeat and reorder; the codes are the same, the memory as documented."""
     exe = make_executor(tiny_causal_lm(kind, dtype=torch.bfloat16), QuantConfig())
     ids = torch.randint(0, 128, (3, 10))
     with torch.no_grad():
-        plain, cp = _decode(exe, ids, 4)
+        plain, cp = _decode(exe, ids, 4, storage="codes")
         kept, ck = _decode(exe, ids, 4, keep_dequantized=True)
-    assert torch.equal(plain, kept)
-    for a, b in zip(cp.layers, ck.layers):
+        only, co = _decode(exe, ids, 4)
+    assert torch.equal(plain, kept) and torch.equal(plain, only)
+    assert co.storage == "dequantized" and co.layers[0].keys.dtype == torch.bfloat16
+    for a, b, c in zip(cp.layers, ck.layers, co.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.value_scales, b.value_scales)
-        assert b.nbytes() == a.nbytes() and b.resident_nbytes() == a.nbytes() + 2 * b.keys.numel() * 2
+        assert b.nbytes() == a.nbytes() == c.nbytes() and b.resident_nbytes() == a.nbytes() + 2 * b.keys.numel() * 2
+        assert c.resident_nbytes() == 2 * c.keys.numel() * 2
     for op in (lambda c: c.batch_select_indices(torch.tensor([2, 0])), lambda c: c.crop(-3),
                lambda c: c.batch_repeat_interleave(2), lambda c: c.reorder_cache(torch.tensor([1, 0, 3, 2]))):
-        op(cp)
-        op(ck)
+        for cache in (cp, ck, co):
+            op(cache)
         z = torch.zeros(cp.layers[0].keys.shape[0], cp.layers[0].keys.shape[1], 0, cp.layers[0].keys.shape[-1])
-        for a, b in zip(cp.layers, ck.layers):
+        for a, b, c in zip(cp.layers, ck.layers, co.layers):
             ka, va = a.update(z.bfloat16(), z.bfloat16())
             kb, vb = b.update(z.bfloat16(), z.bfloat16())
-            assert torch.equal(ka, kb) and torch.equal(va, vb)
+            kc, vc = c.update(z.bfloat16(), z.bfloat16())
+            assert torch.equal(ka, kb) and torch.equal(va, vb) and torch.equal(ka, kc) and torch.equal(va, vc)
     ck.reset()
     assert ck.get_seq_length() == 0 and ck.layers[0].keys_dequantized is None

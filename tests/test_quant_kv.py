@@ -6,6 +6,7 @@ from transformers import DynamicCache
 
 from interq.quant import QuantConfig, QuantKVCache, kv_bytes_per_token, make_executor, make_kv_cache
 from interq.quant import primitives as P
+from interq.quant.kv_cache import STORAGES
 from interq.quant.testing import tiny_causal_lm
 
 
@@ -31,25 +32,45 @@ def test_kv_bytes_per_token_about_half_of_bf16(fmt):
     assert b_q / b_ref <= 0.55
 
 
-def test_each_token_quantized_once_and_read_dequantized():
+@pytest.mark.parametrize("storage", STORAGES)
+def test_each_token_quantized_once_and_read_dequantized(storage):
     qcfg = QuantConfig()
-    cache = make_kv_cache(qcfg, tiny_causal_lm("llama").config)
+    cache = make_kv_cache(qcfg, tiny_causal_lm("llama").config, storage=storage)
     k1, v1 = torch.randn(2, 2, 5, 16), torch.randn(2, 2, 5, 16)
     k_out, v_out = cache.update(k1, v1, 0)
     layer = cache.layers[0]
-    codes, scales = layer.keys.clone(), layer.key_scales.clone()
-    assert codes.dtype == torch.int8 and codes.shape == (2, 2, 5, 16) and scales.shape == (2, 2, 5, 1)
+    if storage != "dequantized":
+        codes, scales = layer.keys.clone(), layer.key_scales.clone()
+        assert codes.dtype == torch.int8 and codes.shape == (2, 2, 5, 16) and scales.shape == (2, 2, 5, 1)
+    else:  # only what attention reads: the dequantized values, in the compute dtype
+        assert layer.keys.dtype == k1.dtype and layer.key_scales is None and torch.equal(layer.keys, k_out)
     assert torch.equal(k_out, P.fake_quant_kv(k1, qcfg)) and torch.equal(v_out, P.fake_quant_kv(v1, qcfg))
     for _ in range(3):  # decode steps append; stored codes of earlier tokens never change
         k_out, _ = cache.update(torch.randn(2, 2, 1, 16) * 10, torch.randn(2, 2, 1, 16), 0)
-    assert torch.equal(layer.keys[..., :5, :], codes) and torch.equal(layer.key_scales[..., :5, :], scales)
+    if storage != "dequantized":
+        assert torch.equal(layer.keys[..., :5, :], codes) and torch.equal(layer.key_scales[..., :5, :], scales)
     assert cache.get_seq_length() == 8 and k_out.shape == (2, 2, 8, 16)
     assert torch.equal(k_out[..., :5, :], P.fake_quant_kv(k1, qcfg))
+    # the memory of a quantized-KV engine in every storage: a byte per code, an fp32 scale per token and head
+    assert layer.nbytes() == 2 * (2 * 2 * 8 * 16 + 4 * 2 * 2 * 8)
+    held = {"codes": layer.nbytes(), "dequantized": 2 * 2 * 2 * 8 * 16 * 4,
+            "codes+dequantized": layer.nbytes() + 2 * 2 * 2 * 8 * 16 * 4}[storage]
+    assert layer.resident_nbytes() == held
+
+
+def test_storage_is_validated():
+    cfg = tiny_causal_lm("llama").config
+    with pytest.raises(ValueError, match="storage must be one of"):
+        make_kv_cache(QuantConfig(), cfg, storage="int8")
+    with pytest.raises(ValueError, match="keep_dequantized=True is storage='codes\\+dequantized'"):
+        make_kv_cache(QuantConfig(), cfg, keep_dequantized=True, storage="codes")
+    assert make_kv_cache(QuantConfig(), cfg, keep_dequantized=True).storage == "codes+dequantized"
+    assert make_kv_cache(QuantConfig(), cfg).storage == "dequantized"
 
 
 def test_row_selection_crop_repeat_reorder():
     qcfg = QuantConfig(kv_format="fp8_per_token_head")
-    cache = make_kv_cache(qcfg, tiny_causal_lm("llama").config)
+    cache = make_kv_cache(qcfg, tiny_causal_lm("llama").config, storage="codes")
     k, v = torch.randn(3, 2, 4, 16), torch.randn(3, 2, 4, 16)
     full_k, _ = cache.update(k, v, 0)
     cache.batch_select_indices(torch.tensor([0, 2]))
@@ -115,7 +136,7 @@ def test_narrow_kv_codes_stored_in_int8_and_read_dequantized(bits):
     qmax = 2 ** (bits - 1) - 1
     qcfg = QuantConfig(kv_bits=bits)
     cfg = tiny_causal_lm("llama").config
-    cache, cache8 = make_kv_cache(qcfg, cfg), make_kv_cache(QuantConfig(), cfg)
+    cache, cache8 = make_kv_cache(qcfg, cfg, storage="codes"), make_kv_cache(QuantConfig(), cfg, storage="codes")
     k, v = torch.randn(2, 2, 6, 16) * 3, torch.randn(2, 2, 6, 16)
     k_out, v_out = cache.update(k, v, 0)
     cache8.update(k, v, 0)
@@ -136,3 +157,16 @@ def test_w4a4_kv4_decode_matches_prefill_and_rows_are_batch_invariant():
         alone = exe(input_ids=ids[1:2]).logits
     assert (dec - prefill).abs().max() < 1e-3
     assert (alone - prefill[1:2]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("qcfg", [QuantConfig(kv_format="fp8_per_token_head"), QuantConfig(kv_format="fp8_tensor"),
+                                  QuantConfig(kv_bits=4), QuantConfig(kv_int8_store="trunc")],
+                         ids=["fp8_token", "fp8_tensor", "int4", "int8_trunc"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantized_storage_reads_what_the_codes_read(qcfg, dtype):
+    cfg = tiny_causal_lm("llama").config
+    codes, only = make_kv_cache(qcfg, cfg, storage="codes"), make_kv_cache(qcfg, cfg, storage="dequantized")
+    for t in (5, 1, 1):
+        k, v = (torch.randn(2, 2, t, 16) * 3).to(dtype), torch.randn(2, 2, t, 16).to(dtype)
+        for a, b in zip(codes.update(k, v, 0), only.update(k, v, 0)):
+            assert a.dtype == b.dtype == dtype and torch.equal(a, b)

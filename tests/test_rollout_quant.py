@@ -77,10 +77,11 @@ def test_w8a8_batched_equals_one_by_one():
         assert gap < 1e-3, f"episode {i}: {gap}"
 
 
-def test_quantized_cache_rows_and_columns_are_freed():
+@pytest.mark.parametrize("storage", ["codes", "dequantized"])
+def test_quantized_cache_rows_and_columns_are_freed(storage):
     model = tiny_qwen3()
     qcfg = QuantConfig()
-    engine = quant_engine(model, qcfg)
+    engine = RolloutEngine(make_executor(model, qcfg), cache_factory=lambda c: make_kv_cache(qcfg, c, storage=storage))
     obs = observations(3, 2)
     batch = engine.new_batch([0, 1, 2], SamplingParams(max_action_tokens=3))
     batch.step({i: obs[i][0] for i in range(3)})
@@ -90,5 +91,7 @@ def test_quantized_cache_rows_and_columns_are_freed():
     batch.finish(0)
     batch.finish(2)
     layer = cache.layers[0]
-    assert layer.keys.dtype == torch.int8 and layer.keys.shape[0] == 1
-    assert layer.keys.shape[-2] == layer.key_scales.shape[-2] == batch.cache_columns() == batch.episodes[1].position
+    assert layer.keys.dtype == (torch.int8 if storage == "codes" else torch.float32) and layer.keys.shape[0] == 1
+    assert layer.keys.shape[-2] == batch.cache_columns() == batch.episodes[1].position
+    if storage == "codes":
+        assert layer.key_scales.shape[-2] == layer.keys.shape[-2]

@@ -80,6 +80,14 @@ def test_projections_of_one_input_share_one_bf16_copy():
     (ya + yb).backward(gy)  # the gradients are those of separate copies
     g16, x16, w16 = gy.reshape(-1, 10).bfloat16(), x.detach().reshape(-1, 24).bfloat16(), w.detach().bfloat16()
     torch.testing.assert_close(x.grad, (g16 @ w16).float().reshape(3, 7, 24) * 3, rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(w.grad, (g16.t() @ x16).float() * 3, rtol=1e-2, atol=1e-3)  # from the shared copy
+    with bf16_backward():
+        with torch.no_grad():
+            F.linear(h, w)
+        assert F.linear(h, w).grad_fn is not None
+    from interq.train.bf16_backward import _LAST_X16
+
+    assert _LAST_X16[0] is None  # dropped on exit
 
 
 def _grad(model, align, autocast, checkpointing=False):

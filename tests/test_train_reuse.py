@@ -247,27 +247,48 @@ def test_saves_cut_by_a_kill_are_pruned_but_live_ones_kept(tmp_path, capsys):
     assert not [p for p in tmp_path.glob(f".warm_start.{os.getpid()}.*")]  # the finished save's own temp is gone
 
 
-def test_report_only_reads_runs_of_an_older_numerics_version_and_says_so(tmp_path, capsys, monkeypatch):
-    """After a NUMERICS_VERSION bump a run refuses to resume, but ``compare --report-only`` still tabulates it, with a
-    note naming the older version; a default moved by the bump is no difference for the report, a chosen field is."""
+def _as_version(out, version, names):
+    """Rewrite stored results as a run of numerics ``version`` made before ``rollout.attention`` existed."""
+    for name in names:
+        prov = json.loads((out / name / "provenance.json").read_text())
+        prov["numerics_version"] = version
+        if "start_policy" in prov:
+            prov["start_policy"]["numerics_version"] = version
+            cfg = yaml.safe_load((out / name / "config.yaml").read_text())
+            cfg["rollout"].pop("attention", None)
+            (out / name / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        (out / name / "provenance.json").write_text(json.dumps(prov))
+
+
+def test_report_only_reads_runs_of_an_older_numerics_version_and_says_so(tmp_path, capsys):
+    """Runs of an older NUMERICS_VERSION (as the study's, version 1, transformers' sdpa attention then the default)
+    refuse to resume, but ``compare --report-only`` tabulates them, naming the version and the defaults that moved;
+    a field chosen differently, or a version newer than the code, still stops it."""
     out = tmp_path / "cmp"
     args = ["compare", "--out", str(out), "--arms", "bf16,q-interq", "--seeds", "0", *CMP]
     assert _cli(capsys, args)[0] == 0
-    old = provenance.NUMERICS_VERSION
-    monkeypatch.setattr(provenance, "NUMERICS_VERSION", old + 1)
-    monkeypatch.setattr(provenance, "DEFAULT_CHANGES", {old + 1: {"rollout.attention": ("sdpa_packed", "sdpa")}})
-    moved = [*args, "rollout.attention=sdpa"]  # as if the bump had moved the default to sdpa
-    rc, err = _cli(capsys, moved)
-    assert rc == 2 and f"numerics_version: {old} -> {old + 1}" in err and "rollout.attention" in err, err
+    _as_version(out, 1, ["warm_start", "bf16-s0", "q-interq-s0"])
+    now = provenance.NUMERICS_VERSION
+    rc, err = _cli(capsys, args)
+    assert rc == 2 and f"numerics_version: 1 -> {now}" in err and "rollout.attention: sdpa -> sdpa_packed" in err, err
     capsys.readouterr()
-    assert main([*moved, "--report-only"]) == 0
-    printed = capsys.readouterr().out
-    result = json.loads(printed.splitlines()[-1].removeprefix("RESULT "))
-    assert result["older_numerics"] == {"bf16-s0": old, "q-interq-s0": old, "warm_start": old}
+    assert main([*args, "--report-only"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1].removeprefix("RESULT "))
+    moved = ["rollout.attention: sdpa -> sdpa_packed"]
+    assert result["older_numerics"] == {"bf16-s0": {"numerics_version": 1, "moved_defaults": moved},
+                                        "q-interq-s0": {"numerics_version": 1, "moved_defaults": moved},
+                                        "warm_start": {"numerics_version": 1, "moved_defaults": []}}
     assert "q-interq" in result["regimes"]["natural"]
-    assert f"computed under numerics version {old} (this code: {old + 1})" in (out / "compare.md").read_text()
-    rc, err = _cli(capsys, [*moved, "algo.budget=0.25", "--report-only"])  # another arm than the stored one
+    note = (out / "compare.md").read_text()
+    assert f"computed under numerics version 1 (this code: {now})" in note and moved[0] in note, note
+    assert main([*args, "rollout.attention=sdpa", "--report-only"]) == 0  # what they ran: nothing moved
+    result = json.loads(capsys.readouterr().out.splitlines()[-1].removeprefix("RESULT "))
+    assert result["older_numerics"]["q-interq-s0"] == {"numerics_version": 1, "moved_defaults": []}
+    rc, err = _cli(capsys, [*args, "algo.budget=0.25", "--report-only"])  # another arm than the stored one
     assert rc == 2 and "algo.budget: 0.5 -> 0.25" in err and "numerics_version" not in err, err
+    _as_version(out, now + 1, ["q-interq-s0"])  # a newer version than this code: not read
+    rc, err = _cli(capsys, [*args, "--report-only"])
+    assert rc == 2 and f"numerics_version: {now + 1} -> {now}" in err, err
 
 
 def test_a_field_a_run_does_not_record_counts_at_the_default_of_its_version(run):

@@ -161,21 +161,23 @@ def clear_aligned_cache(model: nn.Module) -> None:
         _FQ_CACHE.pop(m, None)
 
 
-_LAST_XQ: list = [None]  # (weakref to x, x's version, grad mode, qcfg, fq(x)): the last activation quantized
+_LAST_XQ: list = [None]  # (weakref to x, (version, grad mode, requires_grad, qcfg), fq(x)): the last one quantized
 
 
 def _shared_fq_activation(x: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
     """``fq_activation(x, qcfg)``, computed once for the projections that read the same input one after the other
     (q|k|v, gate|up: as the executor quantizes a fused input once). The same value; the STE gradients of the
-    projections meet at the shared node instead of at ``x`` (the same sum, in another order)."""
+    projections meet at the shared node instead of at ``x`` (the same sum, in another order). Keyed on ``x``
+    itself and its version counter: a write through ``x.data`` between two projections would not be seen (no
+    caller does that; cleared when :func:`aligned` exits)."""
     if x.is_inference():  # no version counter to key on
         return fq_activation(x, qcfg)
     last = _LAST_XQ[0]
-    grad = torch.is_grad_enabled()
-    if last is not None and last[0]() is x and last[1] == x._version and last[2] == grad and last[3] is qcfg:
-        return last[4]
+    key = (x._version, torch.is_grad_enabled(), x.requires_grad, qcfg)
+    if last is not None and last[0]() is x and last[1] == key:
+        return last[2]
     xq = fq_activation(x, qcfg)
-    _LAST_XQ[0] = (weakref.ref(x), x._version, grad, qcfg, xq)
+    _LAST_XQ[0] = (weakref.ref(x), key, xq)
     return xq
 
 

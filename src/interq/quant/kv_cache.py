@@ -1,9 +1,18 @@
 """An 8-bit KV cache on transformers' cache API (quant-spec.md "KV cache").
 
 Each token's K (after RoPE, and after ``k_norm`` where the model has one) and V are quantized exactly
-once, when ``update`` writes them (prefill and every decode step), and the whole cache is dequantized to
-the compute dtype on read (or, with ``keep_dequantized=True``, each token is dequantized once, when written, into
-a compute-dtype copy that reads return: the same values, fewer ops and bytes per decode step, more memory).
+once, when ``update`` writes them (prefill and every decode step); attention reads them dequantized to the
+compute dtype. What the cache holds is its ``storage`` (the values read are the same bit for bit in all three):
+
+* ``"dequantized"`` (the default): each token is quantized and dequantized once, when written, and only the
+  dequantized values are kept, in the compute dtype (what attention reads). The fewest ops per decode step
+  (one fused kernel per K and V on CPU, then the append a bf16 cache does), the memory of a bf16 cache.
+* ``"codes"``: the int8 / fp8 codes and scales, the whole cache dequantized on every read (the memory of a
+  quantized-KV engine; every read costs O(cached tokens)).
+* ``"codes+dequantized"`` (``keep_dequantized=True``): both; the codes for inspection, the copy for reads.
+
+``nbytes`` counts the codes and scales in every storage (what a quantized-KV engine holds: the cache's memory
+figures compare to vLLM's), ``resident_nbytes`` what this object holds.
 Prefill attention therefore also reads the quantized K/V of the new tokens (one behaviour, chosen and
 documented: it is what a dequantizing FlashInfer/Triton backend does once the tokens are in the paged cache,
 and what the aligned learner forward mirrors). K and V of a token are quantized by one call over both (the
@@ -39,19 +48,22 @@ class QuantKVLayer(DynamicLayer):
     """One layer: codes in ``self.keys`` / ``self.values`` ([B, H, T, D], int8 or e4m3), fp32 scales in
     ``self.key_scales`` / ``self.value_scales`` ([B, H, T, 1], or [] for ``fp8_tensor``).
 
-    ``keep_dequantized``: also keep the dequantized K/V in the compute dtype (``self.keys_dequantized`` /
-    ``self.values_dequantized``, [B, H, T, D]), each token dequantized once, when written, and appended; a read
-    returns them instead of dequantizing the whole cache again. The same values bit for bit (dequantization is
-    element-wise); costs the memory of a bf16 cache on top of the codes (``nbytes`` counts the codes and scales
-    only, ``resident_nbytes`` everything held)."""
+    ``storage`` (module docstring): ``"codes"`` as above; ``"codes+dequantized"`` also keeps the dequantized K/V
+    in the compute dtype (``self.keys_dequantized`` / ``self.values_dequantized``, [B, H, T, D]), each token
+    dequantized once, when written, and appended, and a read returns them; ``"dequantized"`` keeps only those,
+    as ``self.keys`` / ``self.values`` (no codes, no scales). The same values bit for bit (dequantization is
+    element-wise). ``keep_dequantized=True`` is ``storage="codes+dequantized"``."""
 
-    def __init__(self, qcfg: QuantConfig, keep_dequantized: bool = False, **kwargs):
+    def __init__(self, qcfg: QuantConfig, keep_dequantized: bool = False, storage: str | None = None, **kwargs):
         super().__init__(**kwargs)
         if not qcfg.quantizes_kv:
             raise ValueError("QuantKVLayer needs QuantConfig.kv_format != 'none'")
+        storage = _storage(keep_dequantized, storage)
         self.qcfg = qcfg
+        self.storage = storage
         self.per_token = qcfg.kv_format != "fp8_tensor"
-        self.keep_dequantized = bool(keep_dequantized)
+        self.codes = storage != "dequantized"  # self.keys / self.values hold codes (else dequantized values)
+        self.keep_dequantized = storage == "codes+dequantized"
         self.key_scales: torch.Tensor | None = None
         self.value_scales: torch.Tensor | None = None
         self.keys_dequantized: torch.Tensor | None = None
@@ -61,9 +73,14 @@ class QuantKVLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.compute_dtype = key_states.dtype
-        code = torch.int8 if self.qcfg.kv_format == "int8_per_token_head" else torch.float8_e4m3fn
         b, h, _, d = key_states.shape
         hv, dv = value_states.shape[1], value_states.shape[-1]
+        if not self.codes:
+            self.keys = torch.empty(b, h, 0, d, dtype=key_states.dtype, device=self.device)
+            self.values = torch.empty(b, hv, 0, dv, dtype=value_states.dtype, device=self.device)
+            self.is_initialized = True
+            return
+        code = torch.int8 if self.qcfg.kv_format == "int8_per_token_head" else torch.float8_e4m3fn
         self.keys = torch.empty(b, h, 0, d, dtype=code, device=self.device)
         self.values = torch.empty(b, hv, 0, dv, dtype=code, device=self.device)
         if self.per_token:
@@ -93,10 +110,25 @@ class QuantKVLayer(DynamicLayer):
             return q[:, :h], s, q[:, h:], s
         return q[:, :h], s[:, :h], q[:, h:], s[:, h:]
 
+    @staticmethod
+    def _roundtrip(t: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
+        """dequant(quant(t)) in t's dtype [B, H, T, D]: the fused CPU kernel for int8 (one op), else eager."""
+        k = kernels.get()
+        if (k is not None and qcfg.kv_format == "int8_per_token_head" and not t.is_cuda
+                and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.numel()):
+            return k.fake_quant_kv_int8(t.detach(), int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round",
+                                        P.KV_MIN_SCALE)[0]
+        q, s = P.quant_kv(t, qcfg)
+        return _dequant(q, s, t.dtype)
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write key/value states [B, H, T_new, D] (quantized once, here); return the dequantized cache."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if not self.codes:  # only the dequantized values are kept
+            self.keys = torch.cat([self.keys, self._roundtrip(key_states, self.qcfg)], dim=-2)  # [B, H, T, D]
+            self.values = torch.cat([self.values, self._roundtrip(value_states, self.qcfg)], dim=-2)
+            return self.keys, self.values
         kq, ks, vq, vs = self._quantize_pair(key_states, value_states, self.qcfg)  # [B, H, T_new, D], [.., 1] | []
         self.keys = torch.cat([self.keys, kq], dim=-2)  # [B, H, T, D]
         self.values = torch.cat([self.values, vq], dim=-2)
@@ -120,7 +152,7 @@ class QuantKVLayer(DynamicLayer):
     def _rows(self, fn) -> None:
         if self.get_seq_length() > 0:
             self.keys, self.values = fn(self.keys), fn(self.values)
-            if self.per_token:
+            if self.per_token and self.codes:
                 self.key_scales, self.value_scales = fn(self.key_scales), fn(self.value_scales)
             if self.keep_dequantized:
                 self.keys_dequantized, self.values_dequantized = fn(self.keys_dequantized), fn(self.values_dequantized)
@@ -132,7 +164,7 @@ class QuantKVLayer(DynamicLayer):
             return
         n = abs(tokens_to_remove)
         self.keys, self.values = self.keys[..., :-n, :], self.values[..., :-n, :]
-        if self.per_token:
+        if self.per_token and self.codes:
             self.key_scales, self.value_scales = self.key_scales[..., :-n, :], self.value_scales[..., :-n, :]
         if self.keep_dequantized:
             self.keys_dequantized = self.keys_dequantized[..., :-n, :]
@@ -151,32 +183,53 @@ class QuantKVLayer(DynamicLayer):
         raise NotImplementedError("QuantKVLayer does not support offloading")
 
     def nbytes(self) -> int:
-        """Bytes of the quantized cache: codes plus scales (what a quantized-KV engine holds)."""
+        """Bytes of the quantized cache: one byte per code plus the fp32 scales (what a quantized-KV engine holds),
+        whatever the ``storage``."""
         if not self.is_initialized:
             return 0
-        n = self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
-        if self.per_token:
-            n += self.key_scales.numel() * 4 + self.value_scales.numel() * 4
+        n = self.keys.numel() + self.values.numel()  # int8 / e4m3 codes: one byte each
+        if self.per_token:  # one fp32 scale per token and head
+            n += 4 * (self.keys.numel() // max(self.keys.shape[-1], 1) + self.values.numel() // max(self.values.shape[-1], 1))
         else:
             n += 8  # two fp32 scalars per layer
         return n
 
     def resident_nbytes(self) -> int:
-        """Bytes this layer holds: :meth:`nbytes` plus the dequantized copy of ``keep_dequantized``."""
+        """Bytes this layer holds: the codes and scales (:meth:`nbytes`) and/or the dequantized values."""
+        if not self.is_initialized:
+            return 0
+        if not self.codes:
+            return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
         n = self.nbytes()
-        if self.is_initialized and self.keep_dequantized:
+        if self.keep_dequantized:
             for t in (self.keys_dequantized, self.values_dequantized):
                 n += t.numel() * t.element_size()
         return n
 
 
-class QuantKVCache(Cache):
-    """A transformers ``Cache`` of ``QuantKVLayer`` (one per decoder layer); ``keep_dequantized`` as there."""
+STORAGES = ("dequantized", "codes", "codes+dequantized")
 
-    def __init__(self, qcfg: QuantConfig, num_layers: int, keep_dequantized: bool = False):
-        super().__init__(layers=[QuantKVLayer(qcfg, keep_dequantized) for _ in range(num_layers)])
+
+def _storage(keep_dequantized: bool, storage: str | None) -> str:
+    if storage is None:
+        return "codes+dequantized" if keep_dequantized else "dequantized"
+    if storage not in STORAGES:
+        raise ValueError(f"KV cache storage must be one of {list(STORAGES)}, got {storage!r}")
+    if keep_dequantized and storage != "codes+dequantized":
+        raise ValueError(f"keep_dequantized=True is storage='codes+dequantized', not {storage!r}")
+    return storage
+
+
+class QuantKVCache(Cache):
+    """A transformers ``Cache`` of ``QuantKVLayer`` (one per decoder layer); ``keep_dequantized`` and ``storage``
+    as there."""
+
+    def __init__(self, qcfg: QuantConfig, num_layers: int, keep_dequantized: bool = False, storage: str | None = None):
+        storage = _storage(keep_dequantized, storage)
+        super().__init__(layers=[QuantKVLayer(qcfg, storage=storage) for _ in range(num_layers)])
         self.qcfg = qcfg
-        self.keep_dequantized = bool(keep_dequantized)
+        self.storage = storage
+        self.keep_dequantized = storage == "codes+dequantized"
 
     def bytes_per_token(self) -> float:
         return kv_bytes_per_token(self)
@@ -203,10 +256,11 @@ def kv_bytes_per_token(cache: Cache) -> float:
     return total / tokens
 
 
-def make_kv_cache(qcfg: QuantConfig, model_config, keep_dequantized: bool = False) -> Cache:
+def make_kv_cache(qcfg: QuantConfig, model_config, keep_dequantized: bool = False, storage: str | None = None) -> Cache:
     """A fresh cache for one batch of sequences: ``QuantKVCache`` for an 8-bit ``kv_format``, a plain
     ``DynamicCache`` for ``kv_format='none'``. Pass it as ``past_key_values`` / ``cache``.
-    ``keep_dequantized`` (speed for memory, same values): see :class:`QuantKVLayer`."""
+    ``storage`` (default ``"dequantized"``; ``keep_dequantized=True`` is ``"codes+dequantized"``): what the cache
+    holds, speed against memory, the same values read (module docstring)."""
     if not isinstance(qcfg, QuantConfig):
         raise TypeError(f"make_kv_cache: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
     if not qcfg.quantizes_kv:
@@ -217,4 +271,4 @@ def make_kv_cache(qcfg: QuantConfig, model_config, keep_dequantized: bool = Fals
     if bad:
         raise NotImplementedError(f"make_kv_cache: layer types {bad} are not supported by the 8-bit KV cache "
                                   "(accepted: 'full_attention')")
-    return QuantKVCache(qcfg, len(layer_types), keep_dequantized)
+    return QuantKVCache(qcfg, len(layer_types), keep_dequantized, storage)

@@ -1,4 +1,5 @@
-"""Packed-GQA decode attention for rollout executors (opt-in: ``rollout.attention=sdpa_packed``).
+"""Packed-GQA decode attention for rollout executors (``rollout.attention=sdpa_packed``, the default since
+NUMERICS_VERSION 2).
 
 What it fixes (measured 2026-12-02, docs/benchmarks.md "Decode attention"): transformers' ``sdpa`` attention takes one
 of two paths for a single query token of a grouped-query model, decided by the batch. When some row is padded the
@@ -12,8 +13,9 @@ to be aligned, and aligned batches were slow.
 ``sdpa_packed`` always packs a single query token (with or without a mask) and leaves everything else (prefill,
 models without GQA, soft-capping, position biases) to transformers' own ``sdpa`` function, so an episode's
 decode takes the same kernel path whatever its batch. The values equal transformers' packed path (its ragged-batch
-path) bit for bit; against the unpadded ``enable_gqa`` path, mostly bit for bit and otherwise to rounding. Off by
-default: the default executors keep transformers' choice (the numerics of the study's recorded runs).
+path) bit for bit; against the unpadded ``enable_gqa`` path, mostly bit for bit and otherwise to rounding. The
+rollout's default (``interq.train.build``); ``rollout.attention=sdpa`` keeps transformers' choice, the numerics of
+the study's recorded runs (NUMERICS_VERSION 1). The learner is never given it.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 NEG_INF = float("-inf")
+_TINY = torch.finfo(torch.float64).tiny  # a uniform of 0 counts as this (exponential_race)
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,13 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 def exponential_race(generators: Sequence[torch.Generator], vocab: int) -> torch.Tensor:
     """E ~ Exp(1) of shape [N, vocab], row i drawn from ``generators[i]`` alone (exactly ``vocab`` numbers).
 
-    E = -log(U) with U uniform on [0, 1) in float64 (53-bit grid): U = 0 gives E = inf, a race value of 0, so a
-    token is never drawn from it; E is never 0 (U < 1), so no race value is infinite or NaN. Drawing float64
-    uniforms and taking one vectorized log is 2.5-2.8x faster per row than ``Tensor.exponential_`` (0.35-0.41 vs
-    0.95-1.0 ms for 49k on this kind of CPU; since NUMERICS_VERSION 2). float32 uniforms would be faster still
-    but their 2^-24 grid puts U = 0 (an infinite race value, that token wins) at 0.3% per draw of 49k: biased.
+    E = -log(U) with U uniform on [0, 1) in float64 (53-bit grid), U = 0 taken as the smallest positive double
+    (E = 744.4, so every token of positive probability keeps a positive race value and beats those of
+    probability 0); E is never 0 (U < 1), so no race value is infinite or NaN. Drawing float64 uniforms and
+    taking one vectorized log is 2.5-2.8x faster per row than ``Tensor.exponential_`` (0.35-0.41 vs 0.95-1.0 ms
+    for 49k on this kind of CPU; since NUMERICS_VERSION 2). float32 uniforms would be faster still, but on their
+    2^-24 grid E near 0 comes in steps of 6e-8 (U = 1 - 2^-24 is hit once in 16.7 million per token, 0.3% of
+    draws of 49k): the race values p / E of the smallest E are too coarse, which distorts rare tokens.
 
     The draw is serial per generator, so rows are split over ``torch.get_num_threads()`` Python threads (torch
     releases the GIL); each generator is used by one thread in its own order, so the numbers are those of the loop.
@@ -127,7 +130,7 @@ def exponential_race(generators: Sequence[torch.Generator], vocab: int) -> torch
         fill(range(len(generators)))
     else:
         list(_pool(workers).map(fill, [range(w, len(generators), workers) for w in range(workers)]))
-    return u.log_().neg_().float()  # [N, V] fp32; E = -log U (inf where U = 0)
+    return u.clamp_min_(_TINY).log_().neg_().float()  # [N, V] fp32; E = -log U
 
 
 def sample_tokens(

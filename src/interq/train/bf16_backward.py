@@ -35,7 +35,8 @@ _LAST_X16: list = [None]  # (weakref to x, x's version, bf16 copy): the last inp
 
 def _bf16_input(x: torch.Tensor) -> torch.Tensor:
     """``x`` in bf16, converted once for the projections that read the same input one after the other (q|k|v,
-    gate|up): one saved copy instead of one per projection."""
+    gate|up): one saved copy instead of one per projection. Keyed on ``x`` itself and its version counter (a write
+    through ``x.data`` would not be seen; cleared when :func:`bf16_backward` exits)."""
     last = _LAST_X16[0]
     if last is not None and last[0]() is x and last[1] == x._version:
         return last[2]

@@ -8,7 +8,9 @@ the warm start its own config fields, each run its whole resolved config (``trai
 ``train.tensorboard`` aside), both the same ``NUMERICS_VERSION`` (:mod:`interq.train.provenance`). Every directory
 is checked before any work; if one differs the command stops with one line naming each directory and field
 (``algo.budget: 0.5 -> 0.25``). ``--fresh`` moves those directories aside to ``<dir>.stale-<time>`` (deleting
-nothing) and runs them again; the matching ones are still reused.
+nothing) and runs them again; the matching ones are still reused. ``compare --report-only`` runs nothing and also
+tabulates runs of an older ``NUMERICS_VERSION``, saying so (``older_numerics``: the version, and the defaults that
+moved since, as ``rollout.attention: sdpa -> sdpa_packed``).
 """
 
 from __future__ import annotations
@@ -175,8 +177,8 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
     run directories hold (a run may be partial: its records end at the last logged step)."""
     from interq.train.logging import read_jsonl
     from interq.train.pipeline import prepare_policy, run_training
-    from interq.train.provenance import (NUMERICS_VERSION, run_differences, settle, stored_numerics_version,
-                                         warm_start_differences, warm_start_identity)
+    from interq.train.provenance import (NUMERICS_VERSION, moved_defaults, run_differences, settle,
+                                         stored_numerics_version, warm_start_differences, warm_start_identity)
 
     regimes = regimes or ["natural"]
     base = _load("household", overrides)
@@ -189,13 +191,16 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
            fresh and not report_only, log)
     records: dict[str, list[dict]] = {}
     warm_s, summary = 0.0, {}
-    older: dict[str, object] = {}  # report only: directories computed under another numerics version
+    older: dict[str, dict] = {}  # report only: directories computed under an older numerics version
     if report_only:
         records = {name: read_jsonl(out / name / "metrics.jsonl") for name in unique}
-        older = {name: v for name in ["warm_start", *unique] if (out / name).is_dir()
-                 and (v := stored_numerics_version(out / name)) != NUMERICS_VERSION}
+        for name in ["warm_start", *unique]:
+            version = stored_numerics_version(out / name)
+            if isinstance(version, int) and version < NUMERICS_VERSION:
+                older[name] = {"numerics_version": version,
+                               "moved_defaults": [] if name == "warm_start" else moved_defaults(unique[name], out / name)}
         if older:
-            log(f"[report] {len(older)} directories were computed under another numerics version than this code's "
+            log(f"[report] {len(older)} directories were computed under an older numerics version than this code's "
                 f"({NUMERICS_VERSION}): reported as stored; this code would not reproduce them "
                 "(interq.train.provenance.NUMERICS_VERSION says what changed)")
         if (out / "warm_start" / "policy_summary.json").is_file():
@@ -569,7 +574,8 @@ def compare_main(argv: list[str]) -> int:
     p.add_argument("--seeds", default="0,1", help="comma-separated RL seeds (default: 0,1)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time, one process each (default: 1)")
     p.add_argument("--report-only", action="store_true", help="train nothing: tabulate what the run directories "
-                   "hold now (partial runs are marked by their final step)")
+                   "hold now (partial runs are marked by their final step; runs of an older numerics version are "
+                   "read and named)")
     p.add_argument("--setting", default="demo", choices=sorted(SETTINGS), help="built-in overrides applied first: demo "
                    "(the demo's small settings, default), study (the comparison study's: text actions), study-index "
                    "(the study's first setting: the action's number), none")
@@ -605,10 +611,13 @@ def compare_main(argv: list[str]) -> int:
     if older:
         from interq.train.provenance import NUMERICS_VERSION
 
-        versions = sorted({str(v) for v in older.values()})
+        versions = sorted({str(o["numerics_version"]) for o in older.values()})
+        moved = sorted({m for o in older.values() for m in o["moved_defaults"]})
         md.append(f"**Older numerics**: {len(older)} directories were computed under numerics version "
                   f"{', '.join(versions)} (this code: {NUMERICS_VERSION}); their records are reported as stored, "
-                  "and this code would not reproduce them.\n")
+                  "and this code would not reproduce them"
+                  + (f"; they ran at their version's defaults where today's differ: {'; '.join(moved)}" if moved else "")
+                  + ".\n")
         print(md[-1])
     result = {"total_wall_s": round(time.perf_counter() - t0, 1), "seeds": seeds, "partial": bool(missing),
               "regimes": {}, "paired": {}}

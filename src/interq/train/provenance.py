@@ -43,8 +43,10 @@ stored under another version then refuses to be reused (``--report-only`` still 
 
 * 1: the comparison study's runs (docs/results.md; code as of commit bb485ca).
 * 2: ``rollout.attention`` defaults to ``sdpa_packed``; the sampler's race is ``-log U`` with float64 uniforms
-  instead of ``Tensor.exponential_`` (every sampled token changes); in the concatenated layout an action cut by
-  ``rollout.max_context_tokens`` is left out of the loss (d2847a6, changed numbers only for episodes reaching it).
+  instead of ``Tensor.exponential_`` (every sampled token changes); the aligned learner quantizes a fused input
+  once (its gradients change by float rounding). It also covers d2847a6 (in the concatenated layout an action cut
+  by ``rollout.max_context_tokens`` is left out of the loss), which landed during version 1 without a bump: a
+  version-1 concatenated run whose episodes reached that limit may predate it.
 """
 
 DEFAULT_CHANGES: dict[int, dict[str, tuple[Any, Any]]] = {2: {"rollout.attention": ("sdpa", "sdpa_packed")}}
@@ -173,21 +175,40 @@ def _resolved(cfg_dict: dict) -> dict:
 
 
 def _defaults_of(version: Any) -> dict[str, Any]:
-    """The flattened config defaults under numerics ``version`` (the current ones with later changes undone)."""
+    """The flattened config defaults under numerics ``version`` (the current ones with later changes undone; an
+    unrecorded version counts as older than every change)."""
     defaults = _flatten(_resolved(to_dict(RunConfig())))
-    if isinstance(version, int):
-        for v in sorted(DEFAULT_CHANGES, reverse=True):
-            if v > version:
-                defaults.update({name: before for name, (before, _) in DEFAULT_CHANGES[v].items()})
+    version = version if isinstance(version, int) else 0
+    for v in sorted(DEFAULT_CHANGES, reverse=True):
+        if v > version:
+            defaults.update({name: before for name, (before, _) in DEFAULT_CHANGES[v].items()})
     return defaults
 
 
-def _moved_default(name: str, old: Any, new: Any, version: Any) -> bool:
-    """``old`` -> ``new`` is a default that moved after numerics ``version`` (neither side chose it)."""
-    if not isinstance(version, int):
+def _older(version: Any) -> bool:
+    """A recorded numerics version older than this code's (report mode reads such results; not newer, unrecorded)."""
+    return isinstance(version, int) and version < NUMERICS_VERSION
+
+
+def _moved(name: str, old: Any, new: Any, version: Any) -> bool:
+    """``old`` -> ``new`` is a result of an older ``version`` at that version's default against today's default,
+    the default of ``name`` having moved since (:data:`DEFAULT_CHANGES`)."""
+    if not _older(version) or not any(name in ch for v, ch in DEFAULT_CHANGES.items() if v > version):
         return False
-    return any(name in changes and old == _defaults_of(version)[name] and new == changes[name][1]
-               for v, changes in DEFAULT_CHANGES.items() if v > version)
+    return old == _defaults_of(version)[name] and new == _defaults_of(NUMERICS_VERSION)[name]
+
+
+def moved_defaults(cfg: RunConfig, run_dir: str | Path) -> list[str]:
+    """The fields a report reads across for the run in ``run_dir`` (of an older numerics version): it ran at its
+    version's default, ``cfg`` is at today's, that default having moved since. ``name: old -> new`` each."""
+    version = stored_numerics_version(run_dir)
+    try:
+        stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    old = {**_defaults_of(version), **_flatten(stored if isinstance(stored, dict) else {})}
+    new = _flatten(_resolved(to_dict(cfg)))
+    return [_change(k, o, n) for k, o, n in _diff(old, new) if _moved(k, o, n, version)]
 
 
 def stored_numerics_version(result_dir: str | Path) -> Any:
@@ -197,7 +218,7 @@ def stored_numerics_version(result_dir: str | Path) -> Any:
 
 def warm_start_differences(cfg: RunConfig, out_dir: str | Path, report: bool = False) -> list[str]:
     """Why the warm start in ``out_dir`` cannot serve ``cfg`` (empty: absent, empty, or reusable). ``report``: only
-    what makes it another warm start than ``cfg``'s, not the numerics version it was computed under."""
+    what makes it another warm start than ``cfg``'s, not an older numerics version it was computed under."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return []
@@ -206,8 +227,9 @@ def warm_start_differences(cfg: RunConfig, out_dir: str | Path, report: bool = F
     stored = _read_json(out_dir / PROVENANCE) or {}
     new = warm_start_identity(cfg)
     out = []
-    if stored.get("numerics_version", _UNRECORDED) != NUMERICS_VERSION and not report:
-        out.append(_change("numerics_version", stored.get("numerics_version", _UNRECORDED), NUMERICS_VERSION))
+    version = stored.get("numerics_version", _UNRECORDED)
+    if version != NUMERICS_VERSION and not (report and _older(version)):
+        out.append(_change("numerics_version", version, NUMERICS_VERSION))
     if "inputs" in stored:
         out += [_change(k, o, n) for k, o, n in _diff(stored["inputs"], new["inputs"])]
     return out
@@ -221,8 +243,9 @@ def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | No
     """Why the run in ``run_dir`` cannot be resumed as ``cfg`` from ``start_policy`` (empty: none there, or it can).
 
     ``report``: why its records are not those of ``cfg``'s run, for reading them without running anything: a run
-    of an older numerics version passes (the caller says so), and so does a field whose default moved since that
-    version (:data:`DEFAULT_CHANGES`) while neither side chose it."""
+    of an older numerics version passes (the caller says so), and so does a field where the run had its version's
+    default and ``cfg`` has today's, that default having moved since (:data:`DEFAULT_CHANGES`;
+    :func:`moved_defaults` lists them). A newer or unrecorded version is still a difference."""
     run_dir = Path(run_dir)
     if not _holds_run(run_dir):
         return []
@@ -237,13 +260,13 @@ def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | No
     out, changed = [], []
     if version != NUMERICS_VERSION:
         changed.append("numerics_version")
-        if not report:
+        if not (report and _older(version)):
             out.append(_change("numerics_version", version, NUMERICS_VERSION))
     # a field added since counts at the default of the run's version (see module docstring)
     old = {**_defaults_of(version), **_flatten(stored_cfg)}
     new = _flatten(_resolved(to_dict(cfg)))
     for name, o, n in _diff(old, new):
-        if name in HARMLESS_FIELDS or (report and _moved_default(name, o, n, version)):
+        if name in HARMLESS_FIELDS or (report and _moved(name, o, n, version)):
             continue
         if name == "train.steps" and isinstance(o, int) and isinstance(n, int) and n > o:
             continue  # extending a run is exact (module docstring)
@@ -256,7 +279,7 @@ def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | No
             parts = _diff(_flatten(old_start, depth=2), _flatten(new_start, depth=2))
             # what is already listed above (a config field, the numerics version) is not repeated
             out += [_change(f"start_policy.{k}", o, n) for k, o, n in parts
-                    if k.removeprefix("inputs.") not in changed and not (report and k == "numerics_version")]
+                    if k.removeprefix("inputs.") not in changed]
         else:
             out.append(_change("start_policy", old_start, new_start))
     return out
