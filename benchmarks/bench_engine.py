@@ -27,7 +27,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from interq._optional import available
-from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize, tune_allocator
+from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
 from interq.rollout import RolloutEngine, SamplingParams
 from interq.rollout.attention import ATTENTION_CHOICES, set_rollout_attention
 
@@ -181,8 +181,6 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds per measurement, order rotated; medians (and paired ratio medians) reported")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
-    p.add_argument("--no-malloc-tuning", action="store_true",
-                   help="leave glibc's malloc thresholds (the trainer tunes them: interq.machine.tune_allocator)")
     args = p.parse_args()
     if args.quick:
         args.episodes, args.turns, args.decode_tokens, args.rounds = 4, 3, 8, 1
@@ -195,8 +193,6 @@ def main() -> None:
         p.error(str(e))
     dtype = getattr(torch, args.dtype)
     has_quant = available("interq.quant")
-    if not args.no_malloc_tuning:  # as the trainer does (train.malloc_tuning)
-        tune_allocator()
     machine = machine_info(dev)  # at the start; load_avg_end added at the end
     print(f"bench_engine {time.strftime('%Y-%m-%d %H:%M')} on {describe(machine)}", flush=True)
 

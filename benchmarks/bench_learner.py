@@ -35,8 +35,7 @@ import time
 import torch
 
 from interq.algo.loss import ppo_loss
-from interq.machine import (bf16_native, describe, load_avg, machine_info, resolve_device, synchronize,
-                            tune_allocator)
+from interq.machine import bf16_native, describe, load_avg, machine_info, resolve_device, synchronize
 from interq.quant import QuantConfig, kernels
 from interq.rollout import sequence_logprobs
 from interq.train.rl import learner_context
@@ -199,8 +198,6 @@ def main() -> None:
     ap.add_argument("--arms", type=lambda v: v.split(","), default=None,
                     help="comma-separated subset of {plain,aligned}_{fp32,bf16,bf16bwd} and aligned_fp32_eager "
                     "(the aligned learner without the fused CPU kernels) (default: all)")
-    ap.add_argument("--no-malloc-tuning", action="store_true",
-                    help="leave glibc's malloc thresholds (the trainer tunes them: interq.machine.tune_allocator)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     try:
@@ -211,8 +208,6 @@ def main() -> None:
     arm_names = (*(f"{al}_{pr}" for al in ("plain", "aligned") for pr in PRECISIONS), "aligned_fp32_eager")
     if args.arms is not None and (bad := [a for a in args.arms if a not in arm_names]):
         ap.error(f"--arms: {bad} not accepted; accepted: {','.join(arm_names)}")
-    if not args.no_malloc_tuning:  # as the trainer does (train.malloc_tuning)
-        tune_allocator()
     machine = machine_info(dev)  # at the start; load_avg_end added at the end
     print(f"bench_learner {time.strftime('%Y-%m-%d %H:%M')} on {describe(machine)}; bf16 arms: {use_bf16}", flush=True)
     result: dict = {"device": str(dev), "threads": args.threads, "bf16_native": bf16_native(dev), "bf16_timed": use_bf16,

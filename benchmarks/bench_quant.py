@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize, tune_allocator
+from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
 from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_token, make_executor, make_kv_cache,
                           sync_weights)
 from interq.quant import kernels
@@ -216,8 +216,6 @@ def main() -> None:
                     "without its fused CPU kernels)")
     ap.add_argument("--attention", default="sdpa_packed", choices=["sdpa", "sdpa_packed"],
                     help="the speed arms' attention (rollout.attention; default: the rollout's default)")
-    ap.add_argument("--no-malloc-tuning", action="store_true",
-                    help="leave glibc's malloc thresholds (the trainer tunes them: interq.machine.tune_allocator)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -226,8 +224,6 @@ def main() -> None:
     except ValueError as e:
         ap.error(str(e))
     qcfg = QuantConfig()
-    if not args.no_malloc_tuning:  # as the trainer does (train.malloc_tuning)
-        tune_allocator()
     machine = machine_info(dev)  # at the start; load_avg_end added at the end
     print(f"bench_quant on {describe(machine)}", flush=True)
     result = {"threads": args.threads, "device": str(dev), "machine": machine, "qcfg": qcfg.to_dict(),

@@ -256,8 +256,6 @@ def main() -> None:
     ap.add_argument("--vllm-timeout", type=int, default=900, help="seconds per vLLM configuration")
     ap.add_argument("--attention", default="sdpa_packed", choices=["sdpa", "sdpa_packed"],
                     help="our engines' attention (rollout.attention; default: the rollout's default)")
-    ap.add_argument("--no-malloc-tuning", action="store_true",
-                    help="leave glibc's malloc thresholds (the trainer tunes them: interq.machine.tune_allocator)")
     args = ap.parse_args()
     if args.vllm_worker:
         vllm_worker(args.vllm_worker)
@@ -266,7 +264,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from interq.machine import describe, load_avg, machine_info, tune_allocator
+    from interq.machine import describe, load_avg, machine_info
     from interq.models.pretrained import load_smollm2, smollm2_dir
     from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor, make_kv_cache
     from interq.rollout import RolloutEngine
@@ -274,10 +272,6 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_quant import PROMPTS
-
-    if not args.no_malloc_tuning:  # as the trainer does (train.malloc_tuning)
-
-        tune_allocator()
 
     machine = machine_info()
     print(f"bench_vllm {time.strftime('%Y-%m-%d %H:%M')} on {describe(machine)}", flush=True)

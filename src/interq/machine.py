@@ -90,7 +90,6 @@ def machine_info(device: str | torch.device | None = None) -> dict:
         "load_avg_start": load_avg(),
         "device": str(dev),
         "int8_backend_auto": resolve_int8_backend("auto", dev),
-        "allocator": dict(_ALLOCATOR),
     }
     if dev.type == "cpu":  # the fused CPU kernels of the int8 executor (built here if they can be)
         kernels.load()
@@ -114,51 +113,6 @@ def describe(info: dict) -> str:
     if "gpu" in info:
         line += f", GPU {info['gpu']} (sm {info['gpu_capability']})"
     return line
-
-
-# glibc mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MALLOC_MMAP_THRESHOLD = 32 << 20  # glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
-MALLOC_TRIM_THRESHOLD = 1 << 30
-_ALLOCATOR: dict = {"tuned": False, "reason": "not requested"}
-
-
-def tune_allocator() -> dict:
-    """Let glibc's malloc keep freed blocks of up to 32 MiB for reuse instead of handing them back to the kernel.
-
-    torch's CPU allocator takes every tensor from malloc. By default glibc serves blocks above its mmap threshold
-    (128 KiB, rising with what is freed) with fresh ``mmap`` pages and returns freed heap tops above 128 KiB, so a
-    learner pass, which allocates and frees activation-sized tensors (megabytes) thousands of times, takes a page
-    fault for every 4 KiB it touches again: measured 6.4 million faults and 52 s of system time in one SmolLM2 RL
-    step (docs/benchmarks.md, "Page faults"). With the mmap threshold fixed at 32 MiB and a trim threshold of
-    1 GiB those blocks are reused from the heap. Speed only (no number changes); the process keeps up to 1 GiB of
-    freed memory. Process-wide and not undone: the trainer calls it (``train.malloc_tuning``), importing interq
-    does not. -> the record (also ``machine_info()["allocator"]``): ``tuned`` and the thresholds, or the reason not.
-    """
-    global _ALLOCATOR
-    if _ALLOCATOR["tuned"]:
-        return dict(_ALLOCATOR)
-    import ctypes
-    import ctypes.util
-
-    libc_name = ctypes.util.find_library("c")
-    if platform.system() != "Linux" or not libc_name or platform.libc_ver()[0] != "glibc":
-        _ALLOCATOR = {"tuned": False, "reason": f"not glibc ({platform.system()} {platform.libc_ver()[0] or 'libc'})"}
-        return dict(_ALLOCATOR)
-    mallopt = ctypes.CDLL(libc_name).mallopt
-    ok = mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) == 1
-    _ALLOCATOR = ({"tuned": True, "mmap_threshold": MALLOC_MMAP_THRESHOLD, "trim_threshold": MALLOC_TRIM_THRESHOLD}
-                  if ok else {"tuned": False, "reason": "mallopt refused"})
-    return dict(_ALLOCATOR)
-
-
-def process_setup(threads: int = 0, malloc_tuning: bool = True) -> None:
-    """What a training or measuring process sets first: torch's thread count (``threads`` > 0; 0 leaves it) and
-    the allocator (:func:`tune_allocator`)."""
-    if threads:
-        torch.set_num_threads(threads)
-    if malloc_tuning:
-        tune_allocator()
 
 
 DEVICES = ("auto", "cpu", "cuda")

@@ -182,7 +182,6 @@ class TrainConfig:
     checkpoint_every_steps: int = 5
     seed: int = 0
     threads: int = 0                    # torch.set_num_threads (0: leave alone)
-    malloc_tuning: bool = True          # glibc keeps freed blocks up to 32 MiB for reuse (fewer page faults; speed only, interq.machine.tune_allocator)
     device: str = "cpu"                 # learner + executor: cpu | cuda | auto (cuda when a GPU is visible); warm start stays on cpu
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward instead of keeping them (transformers' non-reentrant checkpointing): much less learner memory for about one more forward per micro-batch; the same gradients
     learner_autocast: str = "off"       # off | bf16 | bf16_backward. bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align); bf16_backward: fp32 forward (the same log-probs), the linear layers' backward GEMMs in bf16 (any learner; interq.train.bf16_backward)

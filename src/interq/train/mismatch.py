@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from interq.machine import describe, load_avg, machine_info, process_setup
+from interq.machine import describe, load_avg, machine_info
 from interq.train import rl
 from interq.train.config import ConfigError, RunConfig, build_config, save_config
 from interq.train.experiments import REGIMES, SETTINGS
@@ -323,7 +323,8 @@ def main(argv: list[str]) -> int:
     from interq.train.policy import load_policy
 
     _quiet_transformers()
-    process_setup(cfg.train.threads, cfg.train.malloc_tuning)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     machine = machine_info()  # interq.machine's record at the start; load_avg_end and wall_s at the end
     out = Path(args.out or f"runs/mismatch/{cfg.name}")
     out.mkdir(parents=True, exist_ok=True)

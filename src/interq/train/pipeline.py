@@ -8,7 +8,8 @@ import shutil
 import time
 from pathlib import Path
 
-from interq.machine import process_setup
+import torch
+
 from interq.train.config import RunConfig, save_config
 
 
@@ -43,7 +44,8 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, 
     if (out_dir / "policy_summary.json").is_file():
         return out_dir, json.loads((out_dir / "policy_summary.json").read_text())
     _quiet_transformers()
-    process_setup(cfg.train.threads, cfg.train.malloc_tuning)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     t0 = time.perf_counter()
     make_env = env_factory(cfg.env)
     env_info: dict = {}
@@ -145,7 +147,8 @@ def run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | N
     checks.append((run_dir, run_differences(cfg, run_dir, start_policy)))
     settle(checks, fresh, log)
     _quiet_transformers()
-    process_setup(cfg.train.threads, cfg.train.malloc_tuning)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     if policy_dir is None:
         policy_dir, summary = prepare_policy(cfg, run_dir / "warm_start", log=log)
         log(f"[warm start] policy {summary['policy']} in {summary.get('seconds', 0):.0f}s")

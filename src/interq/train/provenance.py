@@ -53,7 +53,7 @@ DEFAULT_CHANGES: dict[int, dict[str, tuple[Any, Any]]] = {2: {"rollout.attention
 """The config defaults each NUMERICS_VERSION changed: ``{version: {field: (default before, default from then)}}``.
 A stored result that does not record such a field ran at the default of its own version."""
 
-HARMLESS_FIELDS = ("train.progress", "train.tensorboard", "train.malloc_tuning")
+HARMLESS_FIELDS = ("train.progress", "train.tensorboard")
 """Run config fields that cannot change results (display and logging only): they may differ on resume."""
 
 PROVENANCE = "provenance.json"

@@ -479,9 +479,9 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_record(cfg, run_dir, start_policy)
     t = cfg.train
-    from interq.machine import process_setup, resolve_device
-
-    process_setup(t.threads, t.malloc_tuning)
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    from interq.machine import resolve_device
 
     model.to(resolve_device(t.device, "train.device"))  # before the executor (a copy of it) and the optimizer
     fmt = chat_format(tokenizer)
