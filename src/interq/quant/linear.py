@@ -251,10 +251,9 @@ class QuantLinear(nn.Module):
 
 
 def _version(x: torch.Tensor) -> int | None:
-    try:
-        return x._version
-    except RuntimeError:  # an inference tensor (torch.inference_mode) has no version counter
-        return None
+    # an inference tensor (torch.inference_mode) has no version counter; asking raises, and a raised and caught
+    # RuntimeError costs about 50 us: 0.25 s of a 4.5 s SmolLM2 decode of 32 tokens at batch 16 in the engine
+    return None if x.is_inference() else x._version
 
 
 class FusedQuantLinear(nn.Module):
