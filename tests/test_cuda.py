@@ -141,19 +141,21 @@ def test_fp8_executor_linear_on_cuda_is_finite_and_matches_cpu():
 
 @cuda
 @needs_gpu
+@pytest.mark.parametrize("storage", ["codes", "dequantized"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_moe"])
-def test_executor_forward_and_kv_cache_on_cuda(kind):
+def test_executor_forward_and_kv_cache_on_cuda(kind, storage):
     model = tiny_causal_lm(kind, dtype=torch.bfloat16).cuda()
     qcfg = QuantConfig()
     exe = make_executor(model, qcfg)
     ids = torch.randint(0, 128, (3, 12), device="cuda")
-    cache = make_kv_cache(qcfg, exe.config)
+    cache = make_kv_cache(qcfg, exe.config, storage=storage)
     with torch.no_grad():
         out = exe(input_ids=ids, cache=cache, use_cache=True)
         step = exe(input_ids=ids[:, -1:], cache=out.cache, use_cache=True)
     assert step.logits.is_cuda and torch.isfinite(step.logits.float()).all()
     layer = cache.layers[0]
-    assert layer.keys.is_cuda and layer.keys.dtype == torch.int8 and layer.keys.shape[-2] == 13
+    code = torch.int8 if storage == "codes" else torch.bfloat16  # "dequantized": what attention reads
+    assert layer.keys.is_cuda and layer.keys.dtype == code and layer.keys.shape[-2] == 13
     # the CPU executor on the same weights: same tokens' log-probs within bf16 noise
     exe_cpu = make_executor(model.cpu(), qcfg)
     with torch.no_grad():
