@@ -118,8 +118,7 @@ class QuantKVLayer(DynamicLayer):
                 and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.numel()):
             return k.fake_quant_kv_int8(t.detach(), int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round",
                                         P.KV_MIN_SCALE)[0]
-        q, s = P.quant_kv(t, qcfg)
-        return _dequant(q, s, t.dtype)
+        return P.fake_quant_kv(t, qcfg)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write key/value states [B, H, T_new, D] (quantized once, here); return the dequantized cache."""

@@ -177,7 +177,7 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
     run directories hold (a run may be partial: its records end at the last logged step)."""
     from interq.train.logging import read_jsonl
     from interq.train.pipeline import prepare_policy, run_training
-    from interq.train.provenance import (NUMERICS_VERSION, moved_defaults, run_differences, settle,
+    from interq.train.provenance import (NUMERICS_VERSION, moved_defaults, older_version, run_differences, settle,
                                          stored_numerics_version, warm_start_differences, warm_start_identity)
 
     regimes = regimes or ["natural"]
@@ -196,7 +196,7 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
         records = {name: read_jsonl(out / name / "metrics.jsonl") for name in unique}
         for name in ["warm_start", *unique]:
             version = stored_numerics_version(out / name)
-            if isinstance(version, int) and version < NUMERICS_VERSION:
+            if older_version(version):
                 older[name] = {"numerics_version": version,
                                "moved_defaults": [] if name == "warm_start" else moved_defaults(unique[name], out / name)}
         if older:

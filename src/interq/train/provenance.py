@@ -185,7 +185,7 @@ def _defaults_of(version: Any) -> dict[str, Any]:
     return defaults
 
 
-def _older(version: Any) -> bool:
+def older_version(version: Any) -> bool:
     """A recorded numerics version older than this code's (report mode reads such results; not newer, unrecorded)."""
     return isinstance(version, int) and version < NUMERICS_VERSION
 
@@ -193,7 +193,7 @@ def _older(version: Any) -> bool:
 def _moved(name: str, old: Any, new: Any, version: Any) -> bool:
     """``old`` -> ``new`` is a result of an older ``version`` at that version's default against today's default,
     the default of ``name`` having moved since (:data:`DEFAULT_CHANGES`)."""
-    if not _older(version) or not any(name in ch for v, ch in DEFAULT_CHANGES.items() if v > version):
+    if not older_version(version) or not any(name in ch for v, ch in DEFAULT_CHANGES.items() if v > version):
         return False
     return old == _defaults_of(version)[name] and new == _defaults_of(NUMERICS_VERSION)[name]
 
@@ -228,7 +228,7 @@ def warm_start_differences(cfg: RunConfig, out_dir: str | Path, report: bool = F
     new = warm_start_identity(cfg)
     out = []
     version = stored.get("numerics_version", _UNRECORDED)
-    if version != NUMERICS_VERSION and not (report and _older(version)):
+    if version != NUMERICS_VERSION and not (report and older_version(version)):
         out.append(_change("numerics_version", version, NUMERICS_VERSION))
     if "inputs" in stored:
         out += [_change(k, o, n) for k, o, n in _diff(stored["inputs"], new["inputs"])]
@@ -260,7 +260,7 @@ def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | No
     out, changed = [], []
     if version != NUMERICS_VERSION:
         changed.append("numerics_version")
-        if not (report and _older(version)):
+        if not (report and older_version(version)):
             out.append(_change("numerics_version", version, NUMERICS_VERSION))
     # a field added since counts at the default of the run's version (see module docstring)
     old = {**_defaults_of(version), **_flatten(stored_cfg)}
