@@ -41,6 +41,30 @@ def test_packed_decode_equals_transformers_packed_path_and_gqa_to_rounding(dtype
     assert (unpadded.double() - ref).abs().max() < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,k_len", [(7, 40), (221, 1300)])
+def test_masked_prefill_reads_kv_heads_in_place_bit_for_bit(dtype, n, k_len):
+    """A masked prefill (the rollout's: new tokens left-padded, cached columns of other turns' padding) runs torch's
+    enable_gqa instead of transformers' repeat_kv: the same bits, several key blocks of the flash kernel long."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(n)
+    b, cols = 5, k_len + n
+    q = torch.randn(b, 9, n, 64, dtype=dtype)  # [B, H, n, D]
+    k, v = torch.randn(b, 3, cols, 64, dtype=dtype), torch.randn(b, 3, cols, 64, dtype=dtype)  # [B, H_kv, K + n, D]
+    real = torch.rand(b, cols) < 0.75  # [B, K + n] columns some turn padded
+    real[:, -1] = True
+    causal = torch.ones(n, cols, dtype=torch.bool).tril(diagonal=k_len)  # [n, K + n] bottom-right
+    mask = real[:, None, None, :] & causal[None, None]  # [B, 1, n, K + n]
+    ours, _ = sdpa_packed_attention(_Attn(), q, k, v, mask, scaling=0.125)  # [B, n, H, D]
+    theirs, _ = sdpa_attention_forward(_Attn(), q, k, v, mask, scaling=0.125)
+    assert ours.shape == theirs.shape == (b, n, 9, 64) and ours.is_contiguous()
+    assert torch.equal(ours, theirs)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, scale=0.125,
+                                         enable_gqa=True).transpose(1, 2)  # [B, n, H, D]
+    assert (ours.double() - ref).abs().max() < (2e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
 def test_prefill_and_plain_heads_are_transformers_own():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

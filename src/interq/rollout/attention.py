@@ -10,9 +10,10 @@ cached tokens (``benchmarks/bench_attention.py``), and not always the same bits 
 in some outputs, seen at 400-2,000 cached tokens). So a rollout's numbers could depend on whether its batch happened
 to be aligned, and aligned batches were slow.
 
-``sdpa_packed`` always packs a single query token (with or without a mask) and leaves everything else (prefill,
-models without GQA, soft-capping, position biases) to transformers' own ``sdpa`` function, so an episode's
-decode takes the same kernel path whatever its batch. The values equal transformers' packed path (its ragged-batch
+``sdpa_packed`` always packs a single query token (with or without a mask), runs a masked CPU prefill of a GQA
+model with torch's ``enable_gqa`` instead of transformers' copy of K/V per query head (the same bits), and leaves
+everything else (an unmasked prefill, models without GQA, soft-capping, position biases, other devices) to
+transformers' own ``sdpa`` function, so an episode's decode takes the same kernel path whatever its batch. The values equal transformers' packed path (its ragged-batch
 path) bit for bit; against the unpadded ``enable_gqa`` path, mostly bit for bit and otherwise to rounding. The
 rollout's default (``interq.train.build``); ``rollout.attention=sdpa`` keeps transformers' choice, the numerics of
 the study's recorded runs (NUMERICS_VERSION 1). The learner is never given it.
@@ -35,6 +36,13 @@ def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: fl
 
     groups = getattr(module, "num_key_value_groups", 1)
     special = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None or dropout
+    if query.shape[2] > 1 and attention_mask is not None and groups > 1 and not special and query.device.type == "cpu":
+        # a masked prefill: torch's CPU flash kernel reads each KV head for its query heads (enable_gqa) instead of
+        # transformers' repeat_kv copy of the whole cache, per layer: the same bits (tested), 1.2x faster at a
+        # rollout's shapes (16 rows x 221 new tokens over 2,051 columns, bf16)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                             enable_gqa=True)  # [B, H, q, Dv]
+        return out.transpose(1, 2).contiguous(), None
     if query.shape[2] != 1 or groups == 1 or special:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
