@@ -121,7 +121,15 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Started as a process (``argv`` None: the ``interq`` script, ``python -m interq``) a long
+    command first takes the allocator ``INTERQ_ALLOCATOR`` asks for (:mod:`interq.allocator`: jemalloc where the
+    system has it), which restarts the process once; a call with ``argv`` (from Python) runs as it is."""
+    started = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if started and argv and argv[0] in COMMANDS and argv[0] != "selfcheck":
+        from interq.allocator import reexec_with_allocator
+
+        reexec_with_allocator(argv)
     parser = argparse.ArgumentParser(prog="interq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[1]}" for k, v in sorted(COMMANDS.items())))
     if not argv or argv[0] in ("-h", "--help"):

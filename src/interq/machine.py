@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from interq import allocator
+
 # lscpu / /proc/cpuinfo flag names of the features that decide CPU speed here
 CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
@@ -90,6 +92,7 @@ def machine_info(device: str | torch.device | None = None) -> dict:
         "load_avg_start": load_avg(),
         "device": str(dev),
         "int8_backend_auto": resolve_int8_backend("auto", dev),
+        "allocator": allocator.in_use(),
     }
     if dev.type == "cpu":  # the fused CPU kernels of the int8 executor (built here if they can be)
         kernels.load()
@@ -106,7 +109,8 @@ def describe(info: dict) -> str:
     feats = ",".join(info.get("cpu_features", [])) or "none"
     line = (f"{info.get('cpu')} ({info.get('cpu_class')}: {feats}; native bf16: {info.get('native_bf16')}), "
             f"{info.get('threads')} threads of {info.get('cpu_count')} CPUs, torch {info.get('torch')}, "
-            f"load {info.get('load_avg_start')}, int8 backend auto = {info.get('int8_backend_auto')}")
+            f"load {info.get('load_avg_start')}, int8 backend auto = {info.get('int8_backend_auto')}, "
+            f"allocator {info.get('allocator', 'system')}")
     if "cpu_kernels" in info:
         k = info["cpu_kernels"]
         line += f", fused CPU kernels: {'on' if k['loaded'] else 'off (' + str(k['reason']) + ')'}"

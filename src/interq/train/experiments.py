@@ -227,8 +227,11 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
 
             from interq.train.config import to_dict
 
+            from interq import allocator
+
             ts = time.perf_counter()
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            with allocator.for_python_workers(), ProcessPoolExecutor(
+                    max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=allocator.settle_environment) as pool:
                 futs = {name: pool.submit(_train_one, to_dict(cfg), str(out / name), str(policy_dir))
                         for name, cfg in unique.items()}
                 for name, fut in futs.items():
