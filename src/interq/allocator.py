@@ -66,7 +66,15 @@ def in_use() -> str:
     return "system"
 
 
-def _strip_preload(env: dict, lib: str) -> None:
+def _add_preload(env, lib: str, add_conf: bool) -> None:
+    """Put ``lib`` first on ``LD_PRELOAD`` in ``env`` (the user's preloads kept after it), and the jemalloc settings
+    when ``add_conf``."""
+    env["LD_PRELOAD"] = ":".join([lib, *[p for p in env.get("LD_PRELOAD", "").split(":") if p]])
+    if add_conf:
+        env["MALLOC_CONF"] = JEMALLOC_CONF
+
+
+def _strip_preload(env, lib: str) -> None:
     """Take ``lib`` (which :func:`reexec_with_allocator` put first) off ``LD_PRELOAD`` in ``env``."""
     rest = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != lib]
     if rest:
@@ -113,10 +121,8 @@ def reexec_with_allocator(argv: list[str]) -> None:
                              f"apt-get install libjemalloc2) or set {ENV}=auto or system")
         return
     env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join([lib, *[p for p in env.get("LD_PRELOAD", "").split(":") if p]])
     added_conf = "MALLOC_CONF" not in env
-    if added_conf:
-        env["MALLOC_CONF"] = JEMALLOC_CONF
+    _add_preload(env, lib, added_conf)
     env[_MARK] = f"{lib}|{int(added_conf)}"
     sys.stdout.flush()
     sys.stderr.flush()
@@ -136,9 +142,7 @@ def for_python_workers():
         return
     saved = dict(os.environ)
     lib, _, added_conf = _TAKEN_OFF[0].partition("|")
-    os.environ["LD_PRELOAD"] = ":".join([lib, *[p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]])
-    if added_conf == "1":
-        os.environ["MALLOC_CONF"] = JEMALLOC_CONF
+    _add_preload(os.environ, lib, added_conf == "1")
     os.environ[_MARK] = _TAKEN_OFF[0]
     try:
         yield
