@@ -28,11 +28,12 @@ The cache supports the row operations of ``DynamicCache`` (``batch_select_indice
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 from interq.quant import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig, int_qmax
+from interq.rollout.kv_buffer import append_columns, growing_dynamic_cache
 
 
 def _dequant(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -69,6 +70,7 @@ class QuantKVLayer(DynamicLayer):
         self.keys_dequantized: torch.Tensor | None = None
         self.values_dequantized: torch.Tensor | None = None
         self.compute_dtype: torch.dtype | None = None
+        self.buffers: dict[str, torch.Tensor] = {}  # spare capacity behind the tensors above (kv_buffer)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -124,26 +126,32 @@ class QuantKVLayer(DynamicLayer):
         """Write key/value states [B, H, T_new, D] (quantized once, here); return the dequantized cache."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        put = self._append
         if not self.codes:  # only the dequantized values are kept
-            self.keys = torch.cat([self.keys, self._roundtrip(key_states, self.qcfg)], dim=-2)  # [B, H, T, D]
-            self.values = torch.cat([self.values, self._roundtrip(value_states, self.qcfg)], dim=-2)
+            self.keys = put("keys", self._roundtrip(key_states, self.qcfg))  # [B, H, T, D]
+            self.values = put("values", self._roundtrip(value_states, self.qcfg))
             return self.keys, self.values
         kq, ks, vq, vs = self._quantize_pair(key_states, value_states, self.qcfg)  # [B, H, T_new, D], [.., 1] | []
-        self.keys = torch.cat([self.keys, kq], dim=-2)  # [B, H, T, D]
-        self.values = torch.cat([self.values, vq], dim=-2)
+        self.keys = put("keys", kq)  # [B, H, T, D]
+        self.values = put("values", vq)
         if self.per_token:
-            self.key_scales = torch.cat([self.key_scales, ks], dim=-2)  # [B, H, T, 1]
-            self.value_scales = torch.cat([self.value_scales, vs], dim=-2)
+            self.key_scales = put("key_scales", ks)  # [B, H, T, 1]
+            self.value_scales = put("value_scales", vs)
         else:
             self.key_scales, self.value_scales = ks, vs
         kdt, vdt = key_states.dtype, value_states.dtype
         if self.keep_dequantized:  # only the new tokens are dequantized
-            self.keys_dequantized = torch.cat([self.keys_dequantized, _dequant(kq, ks, kdt)], dim=-2)
-            self.values_dequantized = torch.cat([self.values_dequantized, _dequant(vq, vs, vdt)], dim=-2)
+            self.keys_dequantized = put("keys_dequantized", _dequant(kq, ks, kdt))
+            self.values_dequantized = put("values_dequantized", _dequant(vq, vs, vdt))
             return self.keys_dequantized, self.values_dequantized
         return _dequant(self.keys, self.key_scales, kdt), _dequant(self.values, self.value_scales, vdt)
 
+    def _append(self, name: str, new: torch.Tensor) -> torch.Tensor:
+        """The attribute ``name`` with ``new`` appended along dim -2, in place in spare capacity (``kv_buffer``)."""
+        return append_columns(getattr(self, name), new, self.buffers, name)
+
     def reset(self) -> None:
+        self.buffers = {}
         self.key_scales = self.value_scales = None
         self.keys_dequantized = self.values_dequantized = None
         super().reset()
@@ -256,14 +264,14 @@ def kv_bytes_per_token(cache: Cache) -> float:
 
 
 def make_kv_cache(qcfg: QuantConfig, model_config, keep_dequantized: bool = False, storage: str | None = None) -> Cache:
-    """A fresh cache for one batch of sequences: ``QuantKVCache`` for an 8-bit ``kv_format``, a plain
-    ``DynamicCache`` for ``kv_format='none'``. Pass it as ``past_key_values`` / ``cache``.
+    """A fresh cache for one batch of sequences: ``QuantKVCache`` for an 8-bit ``kv_format``, a ``DynamicCache``
+    of in-place appending layers for ``kv_format='none'`` (:func:`interq.rollout.kv_buffer.growing_dynamic_cache`). Pass it as ``past_key_values`` / ``cache``.
     ``storage`` (default ``"dequantized"``; ``keep_dequantized=True`` is ``"codes+dequantized"``): what the cache
     holds, speed against memory, the same values read (module docstring)."""
     if not isinstance(qcfg, QuantConfig):
         raise TypeError(f"make_kv_cache: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
     if not qcfg.quantizes_kv:
-        return DynamicCache(config=model_config)
+        return growing_dynamic_cache(model_config)
     text = model_config.get_text_config(decoder=True) if hasattr(model_config, "get_text_config") else model_config
     layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     bad = sorted({t for t in layer_types if t != "full_attention"})

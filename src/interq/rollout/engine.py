@@ -5,9 +5,9 @@ Small separable pieces (style.md point 8):
 * :func:`forward_step` - one forward of new tokens into the cache (prefill of an observation chunk, or the
   decode of one token: the same call), returning fp32 logits at the last column;
 * :func:`interq.rollout.sampling.sample_tokens` - the sampling transform and the seeded draw;
-* the cache - any transformers ``Cache`` built by ``cache_factory(model_config)`` (default ``DynamicCache``;
-  the quantized executor passes its KV8 cache), used only through ``update`` (inside the model),
-  ``get_seq_length`` and ``batch_select_indices``;
+* the cache - any transformers ``Cache`` built by ``cache_factory(model_config)`` (default a ``DynamicCache``
+  appending in place, :func:`dynamic_cache_factory`; the quantized executor passes its KV8 cache), used only
+  through ``update`` (inside the model), ``get_seq_length`` and ``batch_select_indices``;
 * :class:`EpisodeBatch` - the bookkeeping: which rows of the cache belong to which episode, the attention mask
   over cache columns, the per-episode position ids and records. It knows token ids only, no prompts.
 
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from interq._hf import cache_kwarg
+from interq.rollout.kv_buffer import growing_dynamic_cache
 from interq.rollout.sampling import SamplingParams, sample_tokens
 from interq.rollout.trajectory import Trajectory, TurnSpan
 
@@ -38,13 +38,15 @@ CacheFactory = Callable[[Any], Cache]
 
 
 def dynamic_cache_factory(model_config: Any) -> Cache:
-    """The default cache: transformers' ``DynamicCache`` (full precision, grows by concatenation).
+    """The default cache: a transformers ``DynamicCache`` whose layers append in place into spare capacity instead
+    of concatenating the whole cache at every step (:mod:`interq.rollout.kv_buffer`; the same values).
 
-    Measured and not kept (2026-12-01): a layer appending in place into spare capacity (keys/values as views of a
-    larger buffer) removed the concatenation but made the CPU flash-attention kernel several times slower on the
-    strided views (SmolLM2, batch 16): no net gain. ``docs/benchmarks.md``, rollout engine.
+    Measured 2026-12-01 and not kept then: views of a larger buffer made torch's CPU flash kernel several times
+    slower through transformers' unpacked decode path. With the packed decode attention (``sdpa_packed``, the
+    rollout's default since NUMERICS_VERSION 2) the views cost nothing and give the same bits (``docs/benchmarks.md``,
+    twelfth session).
     """
-    return DynamicCache(config=model_config) if model_config is not None else DynamicCache()
+    return growing_dynamic_cache(model_config)
 
 
 def forward_step(
@@ -374,7 +376,7 @@ class RolloutEngine:
 
     ``model`` is called as ``model(input_ids=, attention_mask=, position_ids=, cache=, use_cache=True,
     logits_to_keep=)`` (``past_key_values=`` instead of ``cache=`` when its forward names that) and must return an object with ``.logits`` [R, 1, V]. ``cache_factory(model.config)``
-    returns a fresh transformers ``Cache`` (default ``DynamicCache``; pass the quantized KV cache for W8A8-KV8).
+    returns a fresh transformers ``Cache`` (default :func:`dynamic_cache_factory`; pass the quantized KV cache for W8A8-KV8).
     ``info`` is copied into every trajectory; an executor from ``interq.quant.make_executor`` adds its
     ``quant_config`` there by itself. The engine keeps a reference to ``model``: weight sync
     (``interq.quant.sync_weights(learner, executor)``) updates it in place between batches, nothing to re-wire.
