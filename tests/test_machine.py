@@ -5,13 +5,16 @@ from interq.machine import CPU_FEATURES, cpu_capability, describe, machine_info
 
 def test_machine_info_has_every_field_benchmarks_record():
     info = machine_info()
-    for key in ("cpu", "cpu_class", "cpu_features", "native_bf16", "torch_cpu_capability", "cpu_count", "threads",
+    for key in ("cpu", "cpu_id", "cpu_caches", "cpu_class", "cpu_features", "native_bf16", "torch_cpu_capability", "cpu_count", "threads",
                 "torch", "load_avg_start", "int8_backend_auto"):
         assert key in info, key
     assert info["cpu_class"] in ("amx", "avx512_vnni", "avx512", "avx2", "other")
     assert set(info["cpu_features"]) <= set(CPU_FEATURES)
     assert info["int8_backend_auto"] in ("int_mm", "fp32_exact")
     assert info["cpu"] in describe(info)
+    assert isinstance(info["cpu_id"], str) and isinstance(info["cpu_caches"], str)
+    if info["cpu_id"]:  # Linux: "family F model M stepping S", printed in the header
+        assert info["cpu_id"].startswith("family ") and info["cpu_id"] in describe(info)
 
 
 def test_cpu_class_follows_the_features():

@@ -24,22 +24,40 @@ from interq import allocator
 CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
-def _cpuinfo() -> tuple[str, set[str]]:
-    """(model name, flags) of the first CPU in /proc/cpuinfo; the platform's name and no flags elsewhere."""
-    model, flags = "", set()
+def _cpuinfo() -> tuple[str, set[str], str]:
+    """(model name, flags, "family F model M stepping S") of the first CPU in /proc/cpuinfo; the platform's name,
+    no flags and "" elsewhere. Family and model tell CPUs of one name apart (a VM's "AMD EPYC" covers several
+    generations, whose bf16 and int8 throughput differ: family 26 is Zen 5)."""
+    fields: dict[str, str] = {}
+    flags: set[str] = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             key = key.strip()
-            if key == "model name" and not model:
-                model = value.strip()
-            elif key == "flags" and not flags:
+            if not key:  # the first CPU's block ends
+                if fields:
+                    break
+                continue
+            if key == "flags":
                 flags = set(value.split())
-            if model and flags:
-                break
+            elif key in ("model name", "cpu family", "model", "stepping"):
+                fields.setdefault(key, value.strip())
     except OSError:
         pass
-    return model or platform.processor() or platform.machine(), flags
+    ident = " ".join(f"{k.replace('cpu ', '')} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
+    return fields.get("model name") or platform.processor() or platform.machine(), flags, ident
+
+
+def _caches() -> str:
+    """The first CPU's caches from sysfs, e.g. "L1d 48K, L1i 32K, L2 1024K, L3 32768K" ("" where not readable)."""
+    out = []
+    try:
+        for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+            level, kind, size = ((d / f).read_text().strip() for f in ("level", "type", "size"))
+            out.append(f"L{level}{ {'Data': 'd', 'Instruction': 'i'}.get(kind, '')} {size}")
+    except OSError:
+        return ""
+    return ", ".join(out)
 
 
 def load_avg() -> float | None:
@@ -55,7 +73,7 @@ def cpu_capability() -> dict:
     ``class``: ``amx`` > ``avx512_vnni`` > ``avx512`` > ``avx2`` > ``other``. ``native_bf16``: the CPU computes
     bf16 dot products in hardware (AVX512_BF16 or AMX); elsewhere torch emulates bf16 through fp32.
     """
-    model, flags = _cpuinfo()
+    model, flags, ident = _cpuinfo()
     features = {f: f in flags for f in CPU_FEATURES}
     if features["amx_int8"] or features["amx_bf16"]:
         klass = "amx"
@@ -69,6 +87,8 @@ def cpu_capability() -> dict:
         klass = "other"
     return {
         "cpu": model,
+        "cpu_id": ident,
+        "cpu_caches": _caches(),
         "cpu_class": klass,
         "cpu_features": [f for f in CPU_FEATURES if features[f]],
         "native_bf16": bool(features["avx512_bf16"] or features["amx_bf16"]),
@@ -107,7 +127,9 @@ def machine_info(device: str | torch.device | None = None) -> dict:
 def describe(info: dict) -> str:
     """One line for a benchmark's printed header."""
     feats = ",".join(info.get("cpu_features", [])) or "none"
-    line = (f"{info.get('cpu')} ({info.get('cpu_class')}: {feats}; native bf16: {info.get('native_bf16')}), "
+    ident = "; ".join(x for x in (info.get("cpu_id"), info.get("cpu_caches")) if x)
+    line = (f"{info.get('cpu')}{f' [{ident}]' if ident else ''} ({info.get('cpu_class')}: {feats}; "
+            f"native bf16: {info.get('native_bf16')}), "
             f"{info.get('threads')} threads of {info.get('cpu_count')} CPUs, torch {info.get('torch')}, "
             f"load {info.get('load_avg_start')}, int8 backend auto = {info.get('int8_backend_auto')}, "
             f"allocator {info.get('allocator', 'system')}")
