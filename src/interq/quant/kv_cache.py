@@ -265,7 +265,8 @@ def kv_bytes_per_token(cache: Cache) -> float:
 
 def make_kv_cache(qcfg: QuantConfig, model_config, keep_dequantized: bool = False, storage: str | None = None) -> Cache:
     """A fresh cache for one batch of sequences: ``QuantKVCache`` for an 8-bit ``kv_format``, a ``DynamicCache``
-    of in-place appending layers for ``kv_format='none'`` (:func:`interq.rollout.kv_buffer.growing_dynamic_cache`). Pass it as ``past_key_values`` / ``cache``.
+    of in-place appending layers for ``kv_format='none'`` (:func:`interq.rollout.kv_buffer.growing_dynamic_cache`).
+    Pass it as ``past_key_values`` / ``cache``.
     ``storage`` (default ``"dequantized"``; ``keep_dequantized=True`` is ``"codes+dequantized"``): what the cache
     holds, speed against memory, the same values read (module docstring)."""
     if not isinstance(qcfg, QuantConfig):

@@ -43,7 +43,7 @@ def dynamic_cache_factory(model_config: Any) -> Cache:
 
     Measured 2026-12-01 and not kept then: views of a larger buffer made torch's CPU flash kernel several times
     slower through transformers' unpacked decode path. With the packed decode attention (``sdpa_packed``, the
-    rollout's default since NUMERICS_VERSION 2) the views cost nothing and give the same bits (``docs/benchmarks.md``,
+    rollout's default since NUMERICS_VERSION 2) attention runs as fast on the views and gives the same bits (``docs/benchmarks.md``,
     twelfth session).
     """
     return growing_dynamic_cache(model_config)
@@ -376,7 +376,8 @@ class RolloutEngine:
 
     ``model`` is called as ``model(input_ids=, attention_mask=, position_ids=, cache=, use_cache=True,
     logits_to_keep=)`` (``past_key_values=`` instead of ``cache=`` when its forward names that) and must return an object with ``.logits`` [R, 1, V]. ``cache_factory(model.config)``
-    returns a fresh transformers ``Cache`` (default :func:`dynamic_cache_factory`; pass the quantized KV cache for W8A8-KV8).
+    returns a fresh transformers ``Cache`` (default :func:`dynamic_cache_factory`; pass the quantized KV cache for
+    W8A8-KV8).
     ``info`` is copied into every trajectory; an executor from ``interq.quant.make_executor`` adds its
     ``quant_config`` there by itself. The engine keeps a reference to ``model``: weight sync
     (``interq.quant.sync_weights(learner, executor)``) updates it in place between batches, nothing to re-wire.

@@ -2,8 +2,9 @@
 
 transformers' ``DynamicLayer`` appends a token by ``torch.cat`` of the whole cache with it, so a decode step
 copies every cached K and V of every layer once more: O(cached tokens) per step on top of attention's own read.
-In a rollout's long multi-turn contexts that copy is as large as attention (SmolLM2, 16 rows, 1 thread: 56 ms
-per decode step at 1,024 cached tokens, 79 ms at 2,048; ``docs/benchmarks.md``). Here the new columns are written
+In a rollout's long multi-turn contexts that copy costs about 40% of the attention that reads the cache (SmolLM2,
+16 rows, 1 thread, K and V: 41 ms per decode step at 1,024 cached tokens, 79 ms at 2,048; ``docs/benchmarks.md``,
+twelfth session). Here the new columns are written
 into spare capacity and the cache is the view ``buffer[:, :, :length]``; the buffer grows by a quarter (at least
 :data:`MIN_SPARE` columns) when full, so a sequence of T appends copies O(T) columns in all.
 
@@ -12,8 +13,8 @@ stride, and torch's CPU flash kernel gives the same bits on it (tested, ``tests/
 Anything that replaces the cache tensors (row selection, column compaction, ``crop``'s slice) leaves either a
 prefix view of the same buffer, which keeps appending in place, or a new tensor, which the next append moves into
 a new buffer. (A view handed out before a ``crop`` sees the columns written after it: nothing in interq keeps one.)
-Tensors that need gradients are appended by ``torch.cat`` as before (an in-place write into a
-buffer would break autograd).
+Tensors that need gradients are appended by ``torch.cat`` as before (an in-place write into a buffer would break
+autograd).
 """
 
 from __future__ import annotations
