@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 _F_LINEAR = F.linear  # torch's own, restored on exit
 _DEPTH = 0  # nesting depth of bf16_backward()
+_OUTER: list = [None]  # what F.linear was when the outermost bf16_backward() opened
 
 
 _LAST_X16: list = [None]  # (weakref to x, x's version, bf16 copy): the last input converted
@@ -53,7 +54,7 @@ class Bf16BackwardLinear(torch.autograd.Function):
     def forward(ctx, x, w, b):
         ctx.save_for_backward(_bf16_input(x) if ctx.needs_input_grad[1] else None, w)  # x only for grad_W
         ctx.x_dtype, ctx.has_bias = x.dtype, b is not None
-        return _F_LINEAR(x, w, b)
+        return _forward(x, w, b)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -76,10 +77,17 @@ def _takes(x, w, b) -> bool:
             and all(t.dtype == torch.float32 for t in tensors) and w.dim() == 2)
 
 
+def _forward(x, w, b):
+    """The fp32 forward: ``F.linear`` itself, or oneDNN's inside ``interq.train.onednn_gemm`` (``learner_gemm``)."""
+    from interq.train import onednn_gemm
+
+    return onednn_gemm._linear(x, w, b)  # F.linear itself unless that context is open
+
+
 def _linear(input, weight, bias=None):  # noqa: A002 (F.linear's own argument names)
     if _takes(input, weight, bias):
         return Bf16BackwardLinear.apply(input, weight, bias)
-    return _F_LINEAR(input, weight, bias)
+    return _forward(input, weight, bias)
 
 
 @contextlib.contextmanager
@@ -94,6 +102,7 @@ def bf16_backward():
     check raises)."""
     global _DEPTH
     if _DEPTH == 0:
+        _OUTER[0] = F.linear  # torch's, or interq.train.onednn_gemm's when that context is open around this one
         F.linear = _linear
     _DEPTH += 1
     try:
@@ -101,5 +110,5 @@ def bf16_backward():
     finally:
         _DEPTH -= 1
         if _DEPTH == 0:
-            F.linear = _F_LINEAR
+            F.linear = _OUTER[0]
             _LAST_X16[0] = None

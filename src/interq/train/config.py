@@ -33,6 +33,7 @@ LAYOUTS = ("concatenated", "per_turn")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 EXECUTORS = ("bf16", "fp32", "w8a8")
 LEARNER_AUTOCASTS = ("off", "bf16", "bf16_backward")  # train.learner_autocast
+LEARNER_GEMMS = ("torch", "onednn")  # train.learner_gemm
 ATTENTIONS = ("sdpa", "sdpa_packed")  # = interq.rollout.attention.ATTENTION_CHOICES (tested), kept here torch-free
 ARCHS = ("qwen3", "qwen3_moe")
 DTYPES = ("float32", "bfloat16")
@@ -185,6 +186,7 @@ class TrainConfig:
     device: str = "cpu"                 # learner + executor: cpu | cuda | auto (cuda when a GPU is visible); warm start stays on cpu
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward instead of keeping them (transformers' non-reentrant checkpointing): much less learner memory for about one more forward per micro-batch; the same gradients
     learner_autocast: str = "off"       # off | bf16 | bf16_backward. bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align); bf16_backward: fp32 forward (the same log-probs), the linear layers' backward GEMMs in bf16 (any learner; interq.train.bf16_backward)
+    learner_gemm: str = "torch"         # torch | onednn: the library of the learner's fp32 CPU GEMMs (linear layers, forward and backward). onednn: 2.1-2.5x torch's MKL on AMD CPUs (AVX-512), the same fp32 arithmetic summed in another order (log-probs and gradients differ by rounding; interq.train.onednn_gemm)
     progress: bool = True
     tensorboard: bool = False
 
@@ -566,6 +568,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("train.learner_autocast='bf16' is not accepted with algo.align=true: bf16 upstream of the "
                           "aligned learner's activation quantization re-rounds its codes (SmolLM2: gradient cosine 0.78 "
                           "to fp32, docs/benchmarks.md); choose train.learner_autocast='off' or 'bf16_backward'")
+    _one_of("train.learner_gemm", t.learner_gemm, LEARNER_GEMMS)
+    if t.learner_gemm == "onednn" and t.learner_autocast == "bf16":
+        raise ConfigError("train.learner_gemm='onednn' is not accepted with train.learner_autocast='bf16' (autocast "
+                          "runs the forward's GEMMs in bf16, torch's oneDNN ones already); choose train.learner_gemm="
+                          "'torch', or train.learner_autocast='off' or 'bf16_backward'")
+    if t.learner_gemm == "onednn" and t.device == "cuda":
+        raise ConfigError("train.learner_gemm='onednn' is for the CPU; with train.device='cuda' choose "
+                          "train.learner_gemm='torch'")
     episodes = t.tasks_per_step * t.episodes_per_task
     if a.minibatches_per_step > episodes:
         raise ConfigError(f"algo.minibatches_per_step={a.minibatches_per_step} exceeds the episodes per step "

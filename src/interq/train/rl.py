@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 
 from interq.agent.loop import Episode, PooledEnvs, play_episodes
-from interq.train.config import LEARNER_AUTOCASTS, AlgoConfig, NonFiniteTrainingError, RunConfig
+from interq.train.config import LEARNER_AUTOCASTS, LEARNER_GEMMS, AlgoConfig, NonFiniteTrainingError, RunConfig
 
 # ---------------------------------------------------------------------------------------------- advantages
 
@@ -189,14 +189,16 @@ class Learner:
 
     def context(self):
         """The learner's forward context (aligned forward, autocast): :func:`learner_context`."""
-        return learner_context(self.model, self.cfg.algo.align, self.qcfg, self.cfg.train.learner_autocast)
+        return learner_context(self.model, self.cfg.algo.align, self.qcfg, self.cfg.train.learner_autocast,
+                               self.cfg.train.learner_gemm)
 
     def logprobs(self, mb: dict, batch: "Batch", entered: bool = False) -> torch.Tensor:
         """Learner log-probs of the rows under the executor's sampling transform. [b, l]
         ``entered``: the caller is inside :meth:`context` already (the training forward, whose backward runs there)."""
         if entered:
             return _sequence_logprobs(self.model, mb, batch)
-        return learner_logprobs(self.model, mb, batch, self.cfg.algo.align, self.qcfg, self.cfg.train.learner_autocast)
+        t = self.cfg.train
+        return learner_logprobs(self.model, mb, batch, self.cfg.algo.align, self.qcfg, t.learner_autocast, t.learner_gemm)
 
 
 def enable_activation_checkpointing(model: torch.nn.Module, enable: bool = True) -> None:
@@ -214,13 +216,16 @@ def enable_activation_checkpointing(model: torch.nn.Module, enable: bool = True)
 
 
 @contextlib.contextmanager
-def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: str = "off"):
+def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: str = "off", gemm: str = "torch"):
     """Where the learner's forward runs: the aligned (quantized-like) forward when ``align``; under
     ``torch.autocast(bf16)`` when ``autocast='bf16'``, with bf16 backward GEMMs of the linear layers when
-    ``autocast='bf16_backward'`` (``train.learner_autocast``; log-probs and gradients stay fp32).
+    ``autocast='bf16_backward'`` (``train.learner_autocast``; log-probs and gradients stay fp32); the fp32 GEMMs
+    through oneDNN when ``gemm='onednn'`` (``train.learner_gemm``, :mod:`interq.train.onednn_gemm`).
     The training step also runs its backward here, so that gradient checkpointing recomputes the same forward."""
     if autocast not in LEARNER_AUTOCASTS:
         raise ValueError(f"train.learner_autocast={autocast!r} is not accepted; choose one of {list(LEARNER_AUTOCASTS)}")
+    if gemm not in LEARNER_GEMMS:
+        raise ValueError(f"train.learner_gemm={gemm!r} is not accepted; choose one of {list(LEARNER_GEMMS)}")
     if align:
         from interq.quant import aligned
 
@@ -236,7 +241,13 @@ def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: st
         cast = bf16_backward()
     else:
         cast = contextlib.nullcontext()
-    with cast, ctx:
+    if gemm == "onednn":
+        from interq.train.onednn_gemm import onednn_gemm
+
+        lib = onednn_gemm()
+    else:
+        lib = contextlib.nullcontext()
+    with lib, cast, ctx:  # oneDNN's F.linear outside bf16_backward's, whose forward then runs it
         yield
 
 
@@ -251,15 +262,15 @@ def _sequence_logprobs(model: torch.nn.Module, mb: dict, batch: Batch) -> torch.
 
 
 def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool, qcfg=None,
-                     autocast: str = "off") -> torch.Tensor:
+                     autocast: str = "off", gemm: str = "torch") -> torch.Tensor:
     """Log-probs of a micro-batch's rows (``_rows``) under the executor's sampling transform, inside
     :func:`learner_context`. [b, l]"""
-    with learner_context(model, align, qcfg, autocast):
+    with learner_context(model, align, qcfg, autocast, gemm):
         return _sequence_logprobs(model, mb, batch)
 
 
 def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatch: int, align: bool,
-                      qcfg=None, autocast: str = "off") -> torch.Tensor:
+                      qcfg=None, autocast: str = "off", gemm: str = "torch") -> torch.Tensor:
     """Step 4, the proximal pass: the learner's no-grad forward over the whole batch, micro-batch by
     micro-batch (also ``interq mismatch``'s learner pass). [B, L], 0 off the rows' tokens."""
     proximal = torch.zeros_like(batch.behavior_logprobs)  # [B, L]
@@ -267,7 +278,7 @@ def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatc
     with torch.no_grad():
         for rows in micro_batches(batch, list(range(batch.input_ids.shape[0])), tokens_per_microbatch):
             mb = _rows(batch, rows)
-            proximal[mb["idx"], : mb["width"]] = learner_logprobs(model, mb, batch, align, qcfg, autocast)
+            proximal[mb["idx"], : mb["width"]] = learner_logprobs(model, mb, batch, align, qcfg, autocast, gemm)
     return proximal
 
 
@@ -299,7 +310,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     weights = keep = None
     if not skip:
         proximal = proximal_logprobs(model, batch, t.tokens_per_microbatch, a.align, learner.qcfg,
-                                     t.learner_autocast)  # [B, L]
+                                     t.learner_autocast, t.learner_gemm)  # [B, L]
         corr = compute_correction(a.correction, proximal, batch.behavior_logprobs, batch.action_mask,
                                   traj_id=batch.traj_id, turn_idx=batch.turn_idx, config=ccfg)
         weights, keep = corr.weights, corr.keep_mask  # [B, L]
