@@ -66,7 +66,7 @@ def test_the_context_takes_fp32_cpu_linears_with_and_without_grad_and_restores_f
     assert torch.equal(y_nograd, y)  # the proximal pass computes what the training forward computes
     assert torch.equal(y_nograd, linear_fp32(x.detach(), w.detach(), b.detach()))
     assert y_bf16.dtype == torch.bfloat16 and y_auto.dtype == torch.bfloat16  # left to torch (and to autocast)
-    assert F.linear is torch._C._nn.linear and O._DEPTH == 0
+    assert F.linear is torch._C._nn.linear and O._SWAP.depth == 0
 
 
 def test_inside_bf16_backward_the_forward_runs_here_and_the_backward_in_bf16():
@@ -128,8 +128,8 @@ def test_config_field_reaches_the_learner_and_is_validated():
     assert cfg.train.learner_gemm == "onednn" and build_config("q-interq", []).train.learner_gemm == "torch"
     learner = Learner(tiny_causal_lm("llama"), cfg, QuantConfig())
     with learner.context():
-        assert F.linear is not torch._C._nn.linear and O._DEPTH == 1
-    assert F.linear is torch._C._nn.linear and O._DEPTH == 0
+        assert F.linear is not torch._C._nn.linear and O._SWAP.depth == 1
+    assert F.linear is torch._C._nn.linear and O._SWAP.depth == 0
     with pytest.raises(ConfigError, match=r"train.learner_gemm.*choose one of \['torch', 'onednn'\]"):
         build_config("q-interq", ["train.learner_gemm=mkl"])
     with pytest.raises(ConfigError, match=r"not accepted with train.learner_autocast='bf16'"):

@@ -26,9 +26,26 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-_F_LINEAR = F.linear  # torch's own, restored on exit
-_DEPTH = 0  # nesting depth of bf16_backward()
-_OUTER: list = [None]  # what F.linear was when the outermost bf16_backward() opened
+_F_LINEAR = F.linear  # torch's own
+
+
+class LinearSwap:
+    """``torch.nn.functional.linear`` replaced by ``fn`` while any ``with`` of this object is open (nesting counted),
+    and what it was before put back when the outermost closes (torch's own, or another swap open around this one).
+    Shared by :func:`bf16_backward` and :func:`interq.train.onednn_gemm.onednn_gemm`."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.depth, self.outer = fn, 0, None
+
+    def __enter__(self) -> None:
+        if self.depth == 0:
+            self.outer, F.linear = F.linear, self.fn
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            F.linear, self.outer = self.outer, None
 
 
 _LAST_X16: list = [None]  # (weakref to x, x's version, bf16 copy): the last input converted
@@ -100,15 +117,12 @@ def bf16_backward():
     built inside may run after exit (the Function is recorded in the graph); a checkpointed forward must be
     recomputed inside, as the learner's backward is (``interq.train.rl.update``; outside, torch's checkpoint
     check raises)."""
-    global _DEPTH
-    if _DEPTH == 0:
-        _OUTER[0] = F.linear  # torch's, or interq.train.onednn_gemm's when that context is open around this one
-        F.linear = _linear
-    _DEPTH += 1
-    try:
-        yield
-    finally:
-        _DEPTH -= 1
-        if _DEPTH == 0:
-            F.linear = _OUTER[0]
-            _LAST_X16[0] = None
+    with _SWAP:
+        try:
+            yield
+        finally:
+            if _SWAP.depth == 1:  # the outermost closes
+                _LAST_X16[0] = None
+
+
+_SWAP = LinearSwap(_linear)

@@ -23,12 +23,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 
 from interq.train import bf16_backward as B
 
-_DEPTH = 0  # nesting depth of onednn_gemm()
-_OUTER: list = [None]  # what F.linear was when the outermost onednn_gemm() opened
 
 
 def _mm_t(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -68,7 +65,7 @@ class OneDnnLinear(torch.autograd.Function):
 def takes(x, w, b) -> bool:
     """An fp32 CPU linear with a 2-D weight, outside autocast: what :func:`onednn_gemm` runs through oneDNN."""
     tensors = [t for t in (x, w, b) if t is not None]
-    return (_DEPTH > 0 and w.dim() == 2 and not torch.is_autocast_enabled("cpu")
+    return (_SWAP.depth > 0 and w.dim() == 2 and not torch.is_autocast_enabled("cpu")
             and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors))
 
 
@@ -85,17 +82,11 @@ def onednn_gemm():
     """Every fp32 CPU ``torch.nn.functional.linear`` inside runs through oneDNN (module docstring). Swapped
     process-wide for the duration, as :func:`interq.train.bf16_backward.bf16_backward` does; inside that context
     its forward runs here too. A backward recorded inside may run after exit (the Function is in the graph)."""
-    global _DEPTH
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError("train.learner_gemm='onednn' needs torch built with oneDNN (torch.backends.mkldnn); "
                            "choose train.learner_gemm='torch'")
-    if _DEPTH == 0:
-        _OUTER[0] = F.linear
-        F.linear = _linear
-    _DEPTH += 1
-    try:
+    with _SWAP:
         yield
-    finally:
-        _DEPTH -= 1
-        if _DEPTH == 0:
-            F.linear = _OUTER[0]
+
+
+_SWAP = B.LinearSwap(_linear)
