@@ -13,8 +13,8 @@ to be aligned, and aligned batches were slow.
 ``sdpa_packed`` always packs a single query token (with or without a mask), runs a masked CPU prefill of a GQA
 model with torch's ``enable_gqa`` instead of transformers' copy of K/V per query head (the same bits), and leaves
 everything else (an unmasked prefill, models without GQA, soft-capping, position biases, other devices) to
-transformers' own ``sdpa`` function, so an episode's decode takes the same kernel path whatever its batch. The values equal transformers' packed path (its ragged-batch
-path) bit for bit; against the unpadded ``enable_gqa`` path, mostly bit for bit and otherwise to rounding. The
+transformers' own ``sdpa`` function, so an episode's decode takes the same kernel path whatever its batch. The
+values equal transformers' packed path (its ragged-batch path) bit for bit; against the unpadded ``enable_gqa`` path, mostly bit for bit and otherwise to rounding. The
 rollout's default (``interq.train.build``); ``rollout.attention=sdpa`` keeps transformers' choice, the numerics of
 the study's recorded runs (NUMERICS_VERSION 1). The learner is never given it.
 """

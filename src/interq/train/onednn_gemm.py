@@ -27,7 +27,6 @@ import torch
 from interq.train import bf16_backward as B
 
 
-
 def _mm_t(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b^T (+ bias)`` through oneDNN: a [M, K], b [N, K] (any strides) -> [M, N] fp32."""
     return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
@@ -64,8 +63,10 @@ class OneDnnLinear(torch.autograd.Function):
 
 def takes(x, w, b) -> bool:
     """An fp32 CPU linear with a 2-D weight, outside autocast: what :func:`onednn_gemm` runs through oneDNN."""
+    if _SWAP.depth == 0:  # the context is not open: every F.linear of bf16_backward's forward comes here first
+        return False
     tensors = [t for t in (x, w, b) if t is not None]
-    return (_SWAP.depth > 0 and w.dim() == 2 and not torch.is_autocast_enabled("cpu")
+    return (w.dim() == 2 and not torch.is_autocast_enabled("cpu")
             and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors))
 
 
