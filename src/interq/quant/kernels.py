@@ -13,6 +13,10 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   aligned learner's activation fake quantization (its gradient, the identity, is :mod:`interq.quant.aligned`'s)
 - ``fake_quant_kv_int8(t, qmax, trunc, min_scale)`` = the forward value of ``primitives.fq_kv_ste`` for
   ``int8_per_token_head`` (and the scales, from which :mod:`interq.quant.aligned` computes the gradient's mask)
+- ``int8_gemm_vnni(a, packed, n)`` = ``torch._int_mm(a, w_t)`` for weights packed once by ``pack_int8_vnni(w_t)``
+  (AVX512-VNNI builds only: ``has_int8_gemm_vnni()``): the exact int32 accumulator, for few rows (decode), where
+  ``_int_mm`` streams the weights at half the memory's speed; threads through torch's ``at::parallel_for``
+  (OpenMP: the extension links the ``libgomp`` torch has loaded)
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
 minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -c 'from interq.quant import kernels;
@@ -35,7 +39,7 @@ from pathlib import Path
 import torch
 
 _SRC = Path(__file__).with_name("csrc") / "int8_kernels.cpp"
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno"]
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
 _LOCK = threading.Lock()
 _STALE_LOCK_S = 900  # a build takes about a minute (several on a loaded 2-core machine)
 _STATE: dict = {"module": None, "tried": False, "reason": "not loaded yet", "build_s": None, "name": None}
@@ -105,8 +109,9 @@ def load(verbose: bool = False):
                       "about a minute)", file=sys.stderr, flush=True)
             _STATE["module"] = load_inline(name, cpp_sources=[_SRC.read_text()],
                                            functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
-                                                      "fake_quant_act_int8", "fake_quant_kv_int8"],
-                                           extra_cflags=_FLAGS, build_directory=str(build_dir), verbose=verbose)
+                                                      "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
+                                                      "pack_int8_vnni", "int8_gemm_vnni"],
+                                           extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=verbose)
             _STATE["reason"] = "loaded"
         except Exception as e:  # no compiler, no headers, a failed build: the eager ops stay
             _STATE["module"] = None

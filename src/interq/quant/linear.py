@@ -6,7 +6,9 @@
   zero-padded, which is exact; never a float fallback. The same int32 accumulator can instead come from
   the ``fp32_exact`` backend (an fp32 GEMM of the integer codes in K-chunks of 1024, exact by a bound,
   bit-identical): on CPUs without VNNI (this project's AVX2 dev machine) ``_int_mm`` runs a slow
-  reference path and this is several times faster. The backend never changes a single bit of output.
+  reference path and this is several times faster. On CPUs with AVX512-VNNI the ``vnni`` backend computes it for
+  few rows (decode, M <= ``VNNI_MAX_M``) with :mod:`interq.quant.kernels`' ``int8_gemm_vnni`` from a copy of the
+  weights packed for ``vpdpbusd``, and with ``_int_mm`` above. The backend never changes a single bit of output.
 - fp8 e4m3: operands cast to e4m3 after clamping, products summed in float64 (exact for these K: order
   and batch invariant), scales applied in the same order. Hopper's FastAccum fp8 GEMM accumulates in
   reduced precision (~1e-3 relative): that is a documented tolerance, not reproduced.
@@ -24,23 +26,71 @@ from interq.quant import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig, int_qmax
 
-INT8_BACKENDS = ("auto", "int_mm", "fp32_exact")
+INT8_BACKENDS = ("auto", "int_mm", "fp32_exact", "vnni")
 _FP32_EXACT_K = 1024  # 128 * 128 * 1024 = 2^24: every partial sum of int8 products is an exact fp32 integer
+# Rows up to which the vnni backend uses its own kernel, above them torch._int_mm: SmolLM2-135M's 30 layers of
+# q|k|v, o, gate|up and down (weights from memory, as in a decode step), 2 threads, Zen 5 EPYC: the kernel takes
+# 5.0 against 10.3 ms at 16 rows, 7.5 / 11.9 at 32, 11.7 / 17.0 at 64, 40 / 56 at 256, and breaks even at 512
+# (results/bench-2026-12-02-s13/vnni_gemm.log)
+VNNI_MAX_M = 256
+
+
+def vnni_available() -> tuple[bool, str]:
+    """Whether the ``vnni`` backend can run here (the CPU kernels built for a CPU with AVX512-VNNI), and why not."""
+    mod = kernels.load()
+    if mod is None:
+        return False, f"the CPU kernels are not loaded ({kernels.status()['reason']})"
+    if not mod.has_int8_gemm_vnni():
+        return False, "this CPU has no AVX512-VNNI (the kernels were built without int8_gemm_vnni)"
+    return True, "available"
 
 
 def resolve_int8_backend(backend: str, device: torch.device | None = None) -> str:
     """``int_mm``: ``torch._int_mm``. ``fp32_exact``: the same int32 accumulator computed by an fp32 GEMM of
     the integer codes in K-chunks of <= 1024 (every product and partial sum is an integer below 2^24, so
     each chunk is exact in any summation order; chunks are summed in int32): bit-identical to
-    ``_int_mm``, and fast on CPUs without VNNI, where ``_int_mm`` takes a slow reference path.
-    ``auto``: ``int_mm`` on CUDA and on CPUs whose torch capability is AVX512 (VNNI-class), else ``fp32_exact``."""
+    ``_int_mm``, and fast on CPUs without VNNI, where ``_int_mm`` takes a slow reference path. ``vnni``
+    (CPU): the compiled AVX512-VNNI kernel for at most ``VNNI_MAX_M`` rows, ``_int_mm`` above; bit-identical too.
+    ``auto``: ``int_mm`` on CUDA; on a CPU ``vnni`` where it is available, else ``int_mm`` where torch's
+    capability is AVX512, else ``fp32_exact``."""
     if backend not in INT8_BACKENDS:
         raise ValueError(f"int8_backend={backend!r} is not one of {INT8_BACKENDS}")
+    cuda = device is not None and device.type == "cuda"
+    if backend == "vnni":
+        ok, why = (False, "it is a CPU kernel") if cuda else vnni_available()
+        if not ok:
+            raise ValueError(f"int8_backend='vnni' cannot run here: {why}; use one of {INT8_BACKENDS}")
     if backend != "auto":
         return backend
-    if device is not None and device.type == "cuda":
+    if cuda:
         return "int_mm"
+    if vnni_available()[0]:
+        return "vnni"
     return "int_mm" if "AVX512" in torch.backends.cpu.get_cpu_capability() else "fp32_exact"
+
+
+def vnni_pack(wq_t: torch.Tensor) -> torch.Tensor:
+    """Weight codes [Kp, Np] int8 (or [E, Kp, Np]) -> the ``vnni`` backend's layout, uint8 [ceil(Np / 16), Kp / 4,
+    16, 4] (or [E, ...]): each code + 128, four k of 16 columns per 64 bytes."""
+    mod = kernels.get()
+    if wq_t.dim() == 3:
+        return torch.stack([mod.pack_int8_vnni(w) for w in wq_t])
+    return mod.pack_int8_vnni(wq_t)
+
+
+def int8_accumulate(q: torch.Tensor, wq_t: torch.Tensor, codes_f32: torch.Tensor | None = None,
+                    vnni: torch.Tensor | None = None) -> torch.Tensor:
+    """The exact int32 accumulator of activation codes q int8 [M, K] and weight codes wq_t int8 [Kp, Np] (K <= Kp:
+    q is zero-padded to Kp) -> [M, Np], by the backend whose weight layout is given: ``vnni`` (packed, for
+    M <= ``VNNI_MAX_M``), ``fp32_exact`` (``codes_f32``), else ``torch._int_mm``. The same values whichever."""
+    kp = wq_t.shape[0]
+    if q.shape[1] != kp:
+        q = nn.functional.pad(q, (0, kp - q.shape[1]))
+    if vnni is not None and q.shape[0] <= VNNI_MAX_M and q.device.type == "cpu":
+        return kernels.get().int8_gemm_vnni(q, vnni, wq_t.shape[1])
+    if codes_f32 is not None:
+        return int_mm_fp32_exact(q, codes_f32)
+    return int_mm_padded(q, wq_t)
 
 
 def int_mm_fp32_exact(a: torch.Tensor, b_f32: torch.Tensor) -> torch.Tensor:
@@ -146,25 +196,22 @@ def epilogue_split(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias
 
 def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int, bias: torch.Tensor | None,
                 rounding: str, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None,
-                a_bits: int = 8) -> torch.Tensor:
+                a_bits: int = 8, vnni: torch.Tensor | None = None) -> torch.Tensor:
     """x2 [M, K] float, wq_t int8 [Kp, Np] (padded, transposed), s_w fp32 [N] or [] -> [M, N] out_dtype.
-    With ``codes_f32`` (wq_t as float32) the accumulator comes from the exact fp32 backend instead of
-    ``torch._int_mm``: the same int32 values. ``a_bits`` < 8 narrows the activation codes (still int8
-    tensors); narrower weight codes arrive as they are in ``wq_t``: the GEMM and the epilogue do not change."""
+    With ``codes_f32`` (wq_t as float32) or ``vnni`` (wq_t packed by :func:`vnni_pack`) the accumulator comes from
+    that backend instead of ``torch._int_mm`` (:func:`int8_accumulate`): the same int32 values. ``a_bits`` < 8
+    narrows the activation codes (still int8 tensors); narrower weight codes arrive as they are in ``wq_t``: the
+    GEMM and the epilogue do not change."""
     q, s_a = quant_act_int8(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
-    return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32)
+    return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32, vnni)
 
 
 def int8_gemm(q: torch.Tensor, s_a: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int,
-              bias: torch.Tensor | None, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None) -> torch.Tensor:
+              bias: torch.Tensor | None, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None,
+              vnni: torch.Tensor | None = None) -> torch.Tensor:
     """The GEMM and epilogue of :func:`int8_linear` for activation codes already quantized: q int8 [M, K],
     s_a fp32 [M, 1] -> [M, N] out_dtype."""
-    if codes_f32 is None:
-        kp = wq_t.shape[0]  # the weight's K is already padded to a multiple of 8: pad the codes to match
-        acc32 = int_mm_padded(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), wq_t)  # [M, Np]
-    else:
-        kp = codes_f32.shape[0]
-        acc32 = int_mm_fp32_exact(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), codes_f32)
+    acc32 = int8_accumulate(q, wq_t, codes_f32, vnni)  # [M, Np]
     return epilogue_split(acc32, s_a, s_w, bias, (n_out,), out_dtype)[0]  # [M, N]
 
 
@@ -220,9 +267,13 @@ class QuantLinear(nn.Module):
         self._refresh_codes()
 
     def _refresh_codes(self) -> None:
-        """The fp32_exact backend's kernel layout: the int8 codes as float32 (like a VNNI repacking)."""
-        use = self.qcfg.w_format == "int8" and self.int8_backend == "fp32_exact"
+        """The backend's own weight layout, derived from ``weight_q`` (not saved): fp32_exact's codes as float32,
+        vnni's packing."""
+        int8 = self.qcfg.w_format == "int8"
+        use = int8 and self.int8_backend == "fp32_exact"
         self.register_buffer("weight_codes_f32", self.weight_q.float() if use else None, persistent=False)
+        use = int8 and self.int8_backend == "vnni"
+        self.register_buffer("weight_vnni", vnni_pack(self.weight_q) if use else None, persistent=False)
 
     @torch.no_grad()
     def requantize(self, weight: torch.Tensor, bias: torch.Tensor | None = None, amax: torch.Tensor | None = None):
@@ -232,6 +283,8 @@ class QuantLinear(nn.Module):
         self.weight_scale.copy_(s)
         if self.weight_codes_f32 is not None:
             self.weight_codes_f32.copy_(self.weight_q)
+        if self.weight_vnni is not None:
+            self.weight_vnni.copy_(vnni_pack(self.weight_q))
         if bias is not None and self.bias is not None:
             self.bias.copy_(bias)
 
@@ -239,7 +292,8 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         if self.qcfg.w_format == "int8":
             y = int8_linear(x2, self.weight_q, self.weight_scale, self.out_features, self.bias,
-                            self.qcfg.a_int8_rounding, x.dtype, self.weight_codes_f32, self.qcfg.a_bits)
+                            self.qcfg.a_int8_rounding, x.dtype, self.weight_codes_f32, self.qcfg.a_bits,
+                            self.weight_vnni)
         else:
             y = fp8_linear(x2, self.weight_q, self.weight_scale, self.bias, self.qcfg.a_granularity,
                            self.qcfg.w_granularity, x.dtype)
@@ -308,6 +362,8 @@ class FusedQuantLinear(nn.Module):
     def _refresh_codes(self) -> None:
         use = self.int8_backend == "fp32_exact"
         self.register_buffer("weight_codes_f32", self.weight_q.float() if use else None, persistent=False)
+        use = self.int8_backend == "vnni"
+        self.register_buffer("weight_vnni", vnni_pack(self.weight_q) if use else None, persistent=False)
 
     @torch.no_grad()
     def requantize(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None],
@@ -318,6 +374,8 @@ class FusedQuantLinear(nn.Module):
         self.weight_scale.copy_(s)
         if self.weight_codes_f32 is not None:
             self.weight_codes_f32.copy_(self.weight_q)
+        if self.weight_vnni is not None:
+            self.weight_vnni.copy_(vnni_pack(self.weight_q))
         if self.bias is not None:
             self.bias.copy_(torch.cat([b.detach() for b in biases]))
         self._memo = None
@@ -326,13 +384,7 @@ class FusedQuantLinear(nn.Module):
         """x [..., K] -> one [..., N_i] tensor per member (contiguous, x's dtype)."""
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         q, s_a = quant_act_int8(x2, self.qcfg.a_int8_rounding, self.qcfg.a_bits)  # [M, K], [M, 1]
-        codes = self.weight_codes_f32
-        if codes is None:
-            kp = self.weight_q.shape[0]
-            acc = int_mm_padded(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), self.weight_q)
-        else:
-            kp = codes.shape[0]
-            acc = int_mm_fp32_exact(q if q.shape[1] == kp else nn.functional.pad(q, (0, kp - q.shape[1])), codes)
+        acc = int8_accumulate(q, self.weight_q, self.weight_codes_f32, self.weight_vnni)  # [M, Np]
         outs = epilogue_split(acc, s_a, self.weight_scale, self.bias, self.sizes, x.dtype)  # [M, N_i] each
         return tuple(o.reshape(*x.shape[:-1], n) for o, n in zip(outs, self.sizes))
 
@@ -429,6 +481,8 @@ class QuantExperts(nn.Module):
             self.register_buffer(f"{name}_scale", s)
             use = qcfg.w_format == "int8" and self.int8_backend == "fp32_exact"
             self.register_buffer(f"{name}_codes_f32", q.float() if use else None, persistent=False)
+            use = qcfg.w_format == "int8" and self.int8_backend == "vnni"
+            self.register_buffer(f"{name}_vnni", vnni_pack(q) if use else None, persistent=False)
 
     @torch.no_grad()
     def requantize(self, experts: nn.Module):
@@ -439,13 +493,17 @@ class QuantExperts(nn.Module):
             codes = getattr(self, f"{name}_codes_f32")
             if codes is not None:
                 codes.copy_(q)
+            packed = getattr(self, f"{name}_vnni")
+            if packed is not None:
+                packed.copy_(vnni_pack(q))
 
     def _gemm(self, name: str, n_out: int, e: int, x: torch.Tensor) -> torch.Tensor:
         wq, s = getattr(self, f"{name}_q")[e], getattr(self, f"{name}_scale")[e]
         if self.qcfg.w_format == "int8":
-            codes = getattr(self, f"{name}_codes_f32")
+            codes, packed = getattr(self, f"{name}_codes_f32"), getattr(self, f"{name}_vnni")
             return int8_linear(x, wq, s, n_out, None, self.qcfg.a_int8_rounding, x.dtype,
-                               None if codes is None else codes[e], self.qcfg.a_bits)
+                               None if codes is None else codes[e], self.qcfg.a_bits,
+                               None if packed is None else packed[e])
         return fp8_linear(x, wq, s, None, self.qcfg.a_granularity, self.qcfg.w_granularity, x.dtype)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):

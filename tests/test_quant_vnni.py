@@ -1,0 +1,144 @@
+"""The ``vnni`` int8 backend (interq.quant.kernels' AVX512-VNNI GEMM for decode-size rows): the exact int32
+accumulator of torch._int_mm for every shape, extreme codes and thread count, and executors bit-identical to the
+int_mm backend's, before and after a weight sync. Skipped on CPUs without AVX512-VNNI (the backend is not offered
+there; ``auto`` does not choose it)."""
+
+import pytest
+import torch
+
+from interq.quant import QuantConfig, make_executor, sync_weights
+from interq.quant import kernels
+from interq.quant.linear import (INT8_BACKENDS, VNNI_MAX_M, FusedQuantLinear, QuantExperts, QuantLinear,
+                                 int8_accumulate, resolve_int8_backend, vnni_available, vnni_pack)
+from interq.quant.testing import tiny_causal_lm
+
+AVAILABLE, WHY = vnni_available()
+needs_vnni = pytest.mark.skipif(not AVAILABLE, reason=f"vnni backend: {WHY}")
+
+
+def _codes(shape, seed, extremes=True):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
+    if extremes and t.numel() > 4:
+        t.view(-1)[:3] = torch.tensor([-128, 127, -128], dtype=torch.int8)
+    return t
+
+
+def test_vnni_backend_is_validated_and_auto_prefers_it_where_available():
+    assert "vnni" in INT8_BACKENDS
+    if AVAILABLE:
+        assert resolve_int8_backend("auto") == "vnni" and resolve_int8_backend("vnni") == "vnni"
+    else:
+        with pytest.raises(ValueError, match="int8_backend='vnni' cannot run here"):
+            resolve_int8_backend("vnni")
+    with pytest.raises(ValueError, match="int8_backend='vnni' cannot run here: it is a CPU kernel"):
+        resolve_int8_backend("vnni", torch.device("cuda"))
+    assert resolve_int8_backend("auto", torch.device("cuda")) == "int_mm"
+
+
+@needs_vnni
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 12, 13, 16, 25, 64])
+@pytest.mark.parametrize("k,n", [(576, 960), (8, 1), (64, 17), (1536, 576), (44, 33), (96, 48)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_vnni_gemm_equals_int_mm_exactly(m, k, n, threads):
+    """Every row-tile size (1-12 rows, 16 = 8 + 8, 25 = 9 + 8 + 8), column tails of 1-15, one- and two-block panels,
+    the extreme codes (-128 * -128 products, where the unsigned offset matters)."""
+    a, w = _codes((m, k), seed=m * 1000 + k), _codes((k, n), seed=n)
+    ref = a.long() @ w.long()
+    mod = kernels.get()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = mod.int8_gemm_vnni(a, vnni_pack(w), n)
+    finally:
+        torch.set_num_threads(before)
+    assert got.dtype == torch.int32 and got.shape == (m, n)
+    assert torch.equal(got.long(), ref)
+
+
+@needs_vnni
+def test_vnni_gemm_at_the_worst_case_accumulator():
+    """All products -128 * -128 (and -128 * 127) over K = 4096: 2^26 in magnitude, plus the 128 * rowsum offset."""
+    k = 4096
+    a = torch.full((3, k), -128, dtype=torch.int8)
+    w = torch.full((k, 20), -128, dtype=torch.int8)
+    w[:, 1] = 127
+    ref = a.long() @ w.long()
+    assert torch.equal(kernels.get().int8_gemm_vnni(a, vnni_pack(w), 20).long(), ref)
+
+
+@needs_vnni
+def test_vnni_kernel_refuses_bad_inputs_with_the_argument_named():
+    mod = kernels.get()
+    w = _codes((64, 32), 0)
+    with pytest.raises(RuntimeError, match="K must be a multiple of 4"):
+        mod.pack_int8_vnni(_codes((6, 32), 0))
+    with pytest.raises(RuntimeError, match="a has K = 60, the packed weight 64"):
+        mod.int8_gemm_vnni(_codes((2, 60), 0), vnni_pack(w), 32)
+    with pytest.raises(RuntimeError, match="does not match"):
+        mod.int8_gemm_vnni(_codes((2, 64), 0), vnni_pack(w), 48)
+    with pytest.raises(RuntimeError, match="a must be a 2-D int8 CPU tensor"):
+        mod.int8_gemm_vnni(torch.zeros(2, 64), vnni_pack(w), 32)
+
+
+@needs_vnni
+def test_int8_accumulate_uses_int_mm_above_the_row_limit_with_the_same_values():
+    w = _codes((64, 40), 1)
+    packed = vnni_pack(w)
+    for m in (VNNI_MAX_M, VNNI_MAX_M + 1):
+        a = _codes((m, 60), m)  # K 60 < Kp 64: zero-padded like the other backends
+        ref = torch.nn.functional.pad(a, (0, 4)).long() @ w.long()
+        assert torch.equal(int8_accumulate(a, w, vnni=packed).long(), ref)
+
+
+def _linear(k, n, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, generator=g) * 0.05)
+        if bias:
+            lin.bias.copy_(torch.randn(n, generator=g) * 0.1)
+    return lin
+
+
+@needs_vnni
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vnni_modules_equal_int_mm_modules_bit_for_bit(dtype):
+    qcfg = QuantConfig()
+    lin = _linear(44, 30, True, 0).to(dtype)  # K, N not multiples of 8: padded codes
+    a, b = QuantLinear(lin, qcfg, int8_backend="vnni"), QuantLinear(lin, qcfg, int8_backend="int_mm")
+    assert a.weight_vnni is not None and b.weight_vnni is None and "weight_vnni" not in a.state_dict()
+    lins = {f"blk.{n}": _linear(44, s, False, i).to(dtype) for i, (n, s) in enumerate((("q_proj", 20), ("k_proj", 12)))}
+    amaxes = {n: None for n in lins}
+    fa, fb = FusedQuantLinear(lins, qcfg, amaxes, "vnni"), FusedQuantLinear(lins, qcfg, amaxes, "int_mm")
+    for rows in (1, 16, VNNI_MAX_M + 3):  # the last one through _int_mm
+        x = torch.randn(rows, 44).to(dtype)
+        assert torch.equal(a(x), b(x))
+        for u, v in zip(fa(x), fb(x)):
+            assert torch.equal(u, v)
+    # a weight sync repacks
+    new = _linear(44, 30, True, 5).to(dtype)
+    a.requantize(new.weight, new.bias)
+    b.requantize(new.weight, new.bias)
+    x = torch.randn(3, 44).to(dtype)
+    assert torch.equal(a(x), b(x))
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+def test_vnni_executor_equals_int_mm_executor_and_follows_a_sync(kind):
+    learner = tiny_causal_lm(kind, dtype=torch.bfloat16)
+    ids = torch.randint(0, 128, (3, 9))
+    ea = make_executor(learner, QuantConfig(), int8_backend="vnni")
+    eb = make_executor(learner, QuantConfig(), int8_backend="int_mm")
+    if kind == "qwen3_moe":
+        assert any(isinstance(m, QuantExperts) and m.gate_up_proj_vnni is not None for m in ea.modules())
+    with torch.no_grad():
+        assert torch.equal(ea(input_ids=ids).logits, eb(input_ids=ids).logits)
+        for p in learner.parameters():
+            p.mul_(1.2).add_(0.01 * torch.randn_like(p))
+        sync_weights(learner, ea)
+        sync_weights(learner, eb)
+        la, lb = ea(input_ids=ids).logits, eb(input_ids=ids).logits
+    assert torch.equal(la, lb)
+    assert torch.equal(la, make_executor(learner, QuantConfig(), int8_backend="int_mm")(input_ids=ids).logits)
