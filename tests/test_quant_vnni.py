@@ -142,3 +142,15 @@ def test_vnni_executor_equals_int_mm_executor_and_follows_a_sync(kind):
         la, lb = ea(input_ids=ids).logits, eb(input_ids=ids).logits
     assert torch.equal(la, lb)
     assert torch.equal(la, make_executor(learner, QuantConfig(), int8_backend="int_mm")(input_ids=ids).logits)
+
+
+@needs_vnni
+def test_vnni_modules_fall_back_to_int_mm_while_the_kernels_are_turned_off():
+    lin = _linear(64, 40, False, 3)
+    a, b = QuantLinear(lin, QuantConfig(), int8_backend="vnni"), QuantLinear(lin, QuantConfig(), int8_backend="int_mm")
+    x = torch.randn(5, 64)
+    kernels.set_enabled(False)
+    try:
+        assert torch.equal(a(x), b(x))
+    finally:
+        kernels.set_enabled(True)

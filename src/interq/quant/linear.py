@@ -29,9 +29,9 @@ from interq.quant.config import QuantConfig, int_qmax
 INT8_BACKENDS = ("auto", "int_mm", "fp32_exact", "vnni")
 _FP32_EXACT_K = 1024  # 128 * 128 * 1024 = 2^24: every partial sum of int8 products is an exact fp32 integer
 # Rows up to which the vnni backend uses its own kernel, above them torch._int_mm: SmolLM2-135M's 30 layers of
-# q|k|v, o, gate|up and down (weights from memory, as in a decode step), 2 threads, Zen 5 EPYC: the kernel takes
-# 5.0 against 10.3 ms at 16 rows, 7.5 / 11.9 at 32, 11.7 / 17.0 at 64, 40 / 56 at 256, and breaks even at 512
-# (results/bench-2026-12-02-s13/vnni_gemm.log)
+# q|k|v, o, gate|up and down (weights from memory, as in a decode step), Zen 5 EPYC, 2 threads: the kernel takes
+# 4.9 against 10.0 ms at 16 rows, 7.0 / 11.6 at 32, 11.5 / 17.9 at 64, 39.6 / 45.5 at 256, 76 / 81 at 512, 369 / 301
+# at 2048; 1 thread: 9.1 / 13.4 at 16 rows, even at 256 (results/bench-2026-12-02-s13/vnni_gemm.log)
 VNNI_MAX_M = 256
 
 
@@ -86,8 +86,9 @@ def int8_accumulate(q: torch.Tensor, wq_t: torch.Tensor, codes_f32: torch.Tensor
     kp = wq_t.shape[0]
     if q.shape[1] != kp:
         q = nn.functional.pad(q, (0, kp - q.shape[1]))
-    if vnni is not None and q.shape[0] <= VNNI_MAX_M and q.device.type == "cpu":
-        return kernels.get().int8_gemm_vnni(q, vnni, wq_t.shape[1])
+    mod = kernels.get() if vnni is not None else None  # None too while the kernels are turned off: _int_mm then
+    if mod is not None and q.shape[0] <= VNNI_MAX_M and q.device.type == "cpu":
+        return mod.int8_gemm_vnni(q, vnni, wq_t.shape[1])
     if codes_f32 is not None:
         return int_mm_fp32_exact(q, codes_f32)
     return int_mm_padded(q, wq_t)
