@@ -154,3 +154,12 @@ def test_vnni_modules_fall_back_to_int_mm_while_the_kernels_are_turned_off():
         assert torch.equal(a(x), b(x))
     finally:
         kernels.set_enabled(True)
+
+
+def test_the_fallback_build_without_openmp_differs_only_there():
+    """Where -fopenmp cannot be compiled or linked, kernels.load builds again without it (another name)."""
+    assert "-fopenmp" in kernels._flags(True)
+    assert kernels._flags(False) == [f for f in kernels._flags(True) if f != "-fopenmp"]
+    assert kernels.build_name(True) != kernels.build_name(False)
+    if kernels.get() is not None:
+        assert kernels.status()["name"] == kernels.build_name(True)  # this machine links OpenMP

@@ -16,7 +16,8 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
 - ``int8_gemm_vnni(a, packed, n)`` = ``torch._int_mm(a, w_t)`` for weights packed once by ``pack_int8_vnni(w_t)``
   (AVX512-VNNI builds only: ``has_int8_gemm_vnni()``): the exact int32 accumulator, for few rows (decode), where
   ``_int_mm`` streams the weights at half the memory's speed; threads through torch's ``at::parallel_for``
-  (OpenMP: the extension links the ``libgomp`` torch has loaded)
+  (OpenMP: the extension links the ``libgomp`` torch has loaded; where a build with ``-fopenmp`` fails, the kernels
+  are built without it and that GEMM runs on one thread, which :func:`status` says)
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
 minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -c 'from interq.quant import kernels;
@@ -57,12 +58,16 @@ def _cpu_flags() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def build_name() -> str:
+def _flags(openmp: bool) -> list[str]:
+    return _FLAGS if openmp else [f for f in _FLAGS if f != "-fopenmp"]
+
+
+def build_name(openmp: bool = True) -> str:
     """The extension's name: a hash of the source, the flags, torch's version, the CPU's ISA flags and the venv."""
     h = hashlib.sha256()
     # sys.prefix: each virtual environment builds its own (its include paths are in the build file: two venvs
     # sharing one directory would rebuild it in turn)
-    for part in (_SRC.read_bytes(), " ".join(_FLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode(),
+    for part in (_SRC.read_bytes(), " ".join(_flags(openmp)).encode(), torch.__version__.encode(), _cpu_flags().encode(),
                  sys.version.encode(), sys.prefix.encode()):
         h.update(part)
     return "interq_int8_kernels_" + h.hexdigest()[:16]
@@ -83,6 +88,26 @@ def set_enabled(value: bool) -> None:
     _ENABLED["value"] = bool(value)
 
 
+def _build(openmp: bool, verbose: bool):
+    from torch.utils.cpp_extension import load_inline
+
+    name = build_name(openmp)
+    build_dir = Path(os.environ.get("INTERQ_KERNELS_DIR", Path.home() / ".cache" / "interq" / "kernels")) / name
+    _ninja_on_path()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    lock = build_dir / "lock"  # torch waits for ever on the lock of a build that was killed: drop a stale one
+    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+        lock.unlink(missing_ok=True)
+    if not (build_dir / f"{name}.so").is_file():
+        print(f"[interq] compiling the int8 executor's CPU kernels into {build_dir} (once per machine, "
+              "about a minute)", file=sys.stderr, flush=True)
+    return load_inline(name, cpp_sources=[_SRC.read_text()],
+                       functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8", "fake_quant_act_int8",
+                                  "fake_quant_kv_int8", "has_int8_gemm_vnni", "pack_int8_vnni", "int8_gemm_vnni"],
+                       extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
+                       build_directory=str(build_dir), verbose=verbose)
+
+
 def load(verbose: bool = False):
     """The compiled module, building it on first use; None where it cannot be built or is turned off."""
     if not _ENABLED["value"]:
@@ -92,30 +117,17 @@ def load(verbose: bool = False):
     with _LOCK:
         if _STATE["tried"]:
             return _STATE["module"]
-        name = build_name()
-        _STATE["name"] = name
-        build_dir = Path(os.environ.get("INTERQ_KERNELS_DIR", Path.home() / ".cache" / "interq" / "kernels")) / name
         t0 = time.perf_counter()
-        try:
-            from torch.utils.cpp_extension import load_inline
-
-            _ninja_on_path()
-            build_dir.mkdir(parents=True, exist_ok=True)
-            lock = build_dir / "lock"  # torch waits for ever on the lock of a build that was killed: drop a stale one
-            if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-                lock.unlink(missing_ok=True)
-            if not (build_dir / f"{name}.so").is_file():
-                print(f"[interq] compiling the int8 executor's CPU kernels into {build_dir} (once per machine, "
-                      "about a minute)", file=sys.stderr, flush=True)
-            _STATE["module"] = load_inline(name, cpp_sources=[_SRC.read_text()],
-                                           functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
-                                                      "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
-                                                      "pack_int8_vnni", "int8_gemm_vnni"],
-                                           extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=verbose)
-            _STATE["reason"] = "loaded"
-        except Exception as e:  # no compiler, no headers, a failed build: the eager ops stay
-            _STATE["module"] = None
-            _STATE["reason"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+        failed = []
+        for openmp in (True, False):  # without OpenMP (no omp.h / libgomp to link) int8_gemm_vnni runs one thread
+            try:
+                _STATE["module"], _STATE["name"] = _build(openmp, verbose), build_name(openmp)
+                _STATE["reason"] = "loaded" if openmp else f"loaded without OpenMP (the first build: {failed[0]})"
+                break
+            except Exception as e:  # no compiler, no headers, a failed build: the eager ops stay
+                _STATE["module"] = None
+                failed.append(f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300])
+                _STATE["reason"] = failed[-1]
         _STATE["build_s"] = round(time.perf_counter() - t0, 1)
         _STATE["tried"] = True
     return _STATE["module"]
