@@ -134,3 +134,124 @@ def test_build_executor_gives_the_rollout_copy_the_attention_and_leaves_the_lear
     assert learner.config._attn_implementation == "sdpa"
     plain = build_executor(learner, RolloutConfig(executor=executor, attention="sdpa"))
     assert plain.module.config._attn_implementation == "sdpa"
+
+
+# --------------------------------------------------------------------------------- packed_kernel (opt-in)
+
+def _decode_kernel():
+    from interq.quant import kernels
+
+    mod = kernels.load()
+    if mod is None:
+        pytest.skip(f"CPU kernels not built: {kernels.status()['reason']}")
+    return mod
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("g,d", [(1, 64), (3, 64), (8, 128), (3, 16)])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive", "shared"])
+def test_decode_kernel_is_as_close_to_float64_as_torchs_flash_kernel(dtype, g, d, mask_kind):
+    """The kernel against a float64 reference on awkward inputs (cached lengths not multiples of 16, K/V as prefix
+    views of a larger buffer, scores spread wide): its error is at most torch's flash kernel's (plus a little)."""
+    mod = _decode_kernel()
+    gen = torch.Generator().manual_seed(g * 1000 + d)
+    b, hkv, k_len = 5, 2, 333
+    q = (torch.randn(b, hkv, g, d, generator=gen) * 2).to(dtype)
+    buf_k = torch.randn(b, hkv, 400, d, generator=gen).to(dtype)
+    buf_v = torch.randn(b, hkv, 400, d, generator=gen).to(dtype)
+    k, v = buf_k[:, :, :k_len], buf_v[:, :, :k_len]  # strided: rows of a growing cache
+    keep = torch.rand(b, 1, 1, k_len, generator=gen) > 0.3
+    keep[..., -1] = True  # every row attends to something (its own token)
+    mask = {"none": None, "bool": keep, "additive": torch.zeros(b, 1, 1, k_len).masked_fill(~keep, float("-inf")).to(dtype),
+            "shared": keep[:1]}[mask_kind]
+    scale = d ** -0.5
+    out = mod.decode_attention(q, k, v, mask, scale)
+    assert out.shape == (b, hkv, g, d) and out.dtype == dtype
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                         attn_mask=None if mask is None else (mask if mask.dtype == torch.bool else mask.double()),
+                                         scale=scale)
+    flash = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    err, err_flash = (out.double() - ref).abs().max().item(), (flash.double() - ref).abs().max().item()
+    assert err <= 1.5 * err_flash + (1e-6 if dtype == torch.float32 else 1e-3), (err, err_flash)
+
+
+def test_decode_kernel_refuses_bad_inputs_with_the_argument_named():
+    mod = _decode_kernel()
+    q, kv = torch.randn(2, 3, 3, 64), torch.randn(2, 3, 10, 64)
+    with pytest.raises(RuntimeError, match="D must be a multiple of 16"):
+        mod.decode_attention(q[..., :40], kv[..., :40], kv[..., :40], None, 0.1)
+    with pytest.raises(RuntimeError, match="share one dtype"):
+        mod.decode_attention(q.bfloat16(), kv, kv, None, 0.1)
+    with pytest.raises(RuntimeError, match=r"mask must be \[B\|1, 1, 1, K\]"):
+        mod.decode_attention(q, kv, kv, torch.ones(2, 3, 1, 10, dtype=torch.bool), 0.1)
+
+
+def test_packed_kernel_attention_is_the_packed_one_to_rounding_and_falls_back_where_it_must():
+    from interq.quant import kernels
+    from interq.rollout.attention import packed_kernel_attention
+
+    _decode_kernel()
+    torch.manual_seed(3)
+    q = torch.randn(4, 9, 1, 64, dtype=torch.bfloat16)
+    k, v = torch.randn(4, 3, 500, 64, dtype=torch.bfloat16), torch.randn(4, 3, 500, 64, dtype=torch.bfloat16)
+    mask = torch.ones(4, 1, 1, 500, dtype=torch.bool)
+    mask[0, ..., :7] = False
+    ours, _ = packed_kernel_attention(_Attn(), q, k, v, mask, scaling=0.125)
+    packed, _ = sdpa_packed_attention(_Attn(), q, k, v, mask, scaling=0.125)
+    assert ours.shape == packed.shape == (4, 1, 9, 64) and ours.is_contiguous()
+    torch.testing.assert_close(ours, packed, rtol=2e-2, atol=2e-2)
+    assert not torch.equal(ours, packed)  # another computation (fp32 inside): not the same bits
+    per_head = mask.expand(4, 9, 1, 500)  # per-head masks: sdpa_packed's own call
+    assert torch.equal(packed_kernel_attention(_Attn(), q, k, v, per_head, scaling=0.125)[0],
+                       sdpa_packed_attention(_Attn(), q, k, v, per_head, scaling=0.125)[0])
+    kernels.set_enabled(False)  # kernels turned off: sdpa_packed's
+    try:
+        assert torch.equal(packed_kernel_attention(_Attn(), q, k, v, mask, scaling=0.125)[0], packed)
+    finally:
+        kernels.set_enabled(True)
+    prefill = torch.randn(4, 9, 5, 64, dtype=torch.bfloat16)  # more than one token: sdpa_packed's
+    pmask = torch.ones(4, 1, 5, 500, dtype=torch.bool)
+    assert torch.equal(packed_kernel_attention(_Attn(), prefill, k, v, pmask, scaling=0.125)[0],
+                       sdpa_packed_attention(_Attn(), prefill, k, v, pmask, scaling=0.125)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_with_packed_kernel_prefills_the_same_and_decodes_to_rounding(dtype):
+    """A GQA model's prefill logits are sdpa_packed's bit for bit; teacher-forced decode logits agree to rounding,
+    also in a padded batch whose rows have different lengths (rows left-padded by the engine's masks)."""
+    from transformers import DynamicCache
+
+    _decode_kernel()
+    base = _gqa_llama(dtype)
+    a = set_rollout_attention(copy.deepcopy(base), "sdpa_packed")
+    b = set_rollout_attention(copy.deepcopy(base), "packed_kernel")
+    assert b.config._attn_implementation == "interq_packed_kernel"
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(4, 96, (3, 300), generator=g)
+    mask = torch.ones(3, 300, dtype=torch.long)
+    mask[1, :40] = 0  # a left-padded row
+    steps = torch.randint(4, 96, (3, 6), generator=g)
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 5e-2, "atol": 5e-2}
+    with torch.no_grad():
+        outs = []
+        for m in (a, b):
+            cache = DynamicCache(config=m.config)
+            first = m(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True).logits
+            dec, am = [], mask
+            for t in range(steps.shape[1]):
+                am = torch.cat([am, torch.ones(3, 1, dtype=torch.long)], 1)
+                dec.append(m(input_ids=steps[:, t:t + 1], attention_mask=am, cache=cache, use_cache=True).logits)
+            outs.append((first, torch.cat(dec, 1)))
+    assert torch.equal(outs[0][0], outs[1][0])
+    torch.testing.assert_close(outs[1][1], outs[0][1], **tol)
+    assert not torch.equal(outs[1][1], outs[0][1])  # the kernel did run the decode
+
+
+def test_build_executor_takes_packed_kernel():
+    from interq.train.build import build_executor
+    from interq.train.config import RolloutConfig
+
+    learner = _gqa_llama(torch.float32)
+    ex = build_executor(learner, RolloutConfig(executor="w8a8", attention="packed_kernel"))
+    assert ex.module.config._attn_implementation == "interq_packed_kernel"
+    assert learner.config._attn_implementation == "sdpa"

@@ -103,7 +103,8 @@ def _build(openmp: bool, verbose: bool):
               "about a minute)", file=sys.stderr, flush=True)
     return load_inline(name, cpp_sources=[_SRC.read_text()],
                        functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8", "fake_quant_act_int8",
-                                  "fake_quant_kv_int8", "has_int8_gemm_vnni", "pack_int8_vnni", "int8_gemm_vnni"],
+                                  "fake_quant_kv_int8", "has_int8_gemm_vnni", "pack_int8_vnni", "int8_gemm_vnni",
+                                  "decode_attention"],
                        extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
                        build_directory=str(build_dir), verbose=verbose)
 

@@ -17,6 +17,16 @@ transformers' own ``sdpa`` function, so an episode's decode takes the same kerne
 values equal transformers' packed path (its ragged-batch path) bit for bit; against the unpadded ``enable_gqa`` path, mostly bit for bit and otherwise to rounding. The
 rollout's default (``interq.train.build``); ``rollout.attention=sdpa`` keeps transformers' choice, the numerics of
 the study's recorded runs (NUMERICS_VERSION 1). The learner is never given it.
+
+``packed_kernel`` (opt-in) is ``sdpa_packed`` with the single-token decode attention computed by interq's CPU kernel
+(``interq.quant.kernels``' ``decode_attention``): each cached K and V row read once for the query heads of its KV
+head, scores, softmax and the weighted sum of values in fp32. Torch's flash kernel runs these one-token problems as
+small blocks through GEMM calls: at SmolLM2's shapes (16 rows, 1 thread) the kernel takes 0.20 / 0.81 / 1.69 ms per
+layer against 0.51 / 2.59 / 5.50 at 256 / 1,024 / 2,048 cached tokens, with the error of an fp32 computation against
+float64 (flash's or less; docs/benchmarks.md "thirteenth session"). Not the same bits as ``sdpa_packed``'s decode
+(rounding), so not the default; prefill is ``sdpa_packed``'s. Where the kernel cannot take a call (kernels not
+built or turned off, another device or dtype, a head size not a multiple of 16, more than 16 query heads per KV
+head, per-head masks, soft-capping) it is ``sdpa_packed``'s.
 """
 
 from __future__ import annotations
@@ -25,7 +35,9 @@ import torch
 import torch.nn.functional as F
 
 NAME = "interq_sdpa_packed"
-ATTENTION_CHOICES = ("sdpa", "sdpa_packed")
+KERNEL_NAME = "interq_packed_kernel"
+ATTENTION_CHOICES = ("sdpa", "sdpa_packed", "packed_kernel")
+_NAMES = {"sdpa_packed": NAME, "packed_kernel": KERNEL_NAME}
 
 
 def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -57,12 +69,49 @@ def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: fl
     return out, None
 
 
+def _kernel_takes(query, key, value, attention_mask, groups: int, special) -> bool:
+    from interq.quant import kernels
+
+    mod = kernels.get()
+    if mod is None or not hasattr(mod, "decode_attention") or special or query.shape[2] != 1:
+        return False
+    if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if not (query.dtype == key.dtype == value.dtype) or key.stride(-1) != 1 or value.stride(-1) != 1:
+        return False
+    d = query.shape[-1]
+    if d % 16 or d > 256 or value.shape[-1] != d or groups > 16:
+        return False
+    m = attention_mask
+    return m is None or (m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == 1 and m.shape[0] in (1, query.shape[0]))
+
+
+def packed_kernel_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                            is_causal=None, **kwargs):
+    """``sdpa_packed_attention`` with a single query token's attention by interq's CPU kernel (see the module
+    docstring): query [B, H, 1, D], key/value [B, H_kv, K, D] -> ([B, 1, H, D], None)."""
+    from interq.quant import kernels
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    special = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None or dropout
+    if not _kernel_takes(query, key, value, attention_mask, groups, special):
+        return sdpa_packed_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                     is_causal=is_causal, **kwargs)
+    b, h, _, d = query.shape
+    scale = scaling if scaling is not None else d ** -0.5
+    q = query.reshape(b, h // groups, groups, d)  # [B, H_kv, G, D]
+    out = kernels.get().decode_attention(q, key, value, attention_mask, float(scale))  # [B, H_kv, G, D]
+    return out.reshape(b, 1, h, d), None  # [B, 1, H, D]: the heads of a KV head are consecutive
+
+
 def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(NAME, sdpa_packed_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionInterface.register(KERNEL_NAME, packed_kernel_attention)
+    AttentionMaskInterface.register(KERNEL_NAME, sdpa_mask)
 
 
 def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Module:
@@ -74,9 +123,13 @@ def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Mo
         return model
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
-    if current not in ("sdpa", NAME):
-        raise ValueError(f"rollout.attention=sdpa_packed needs a model with transformers' sdpa attention; "
+    if current not in ("sdpa", NAME, KERNEL_NAME):
+        raise ValueError(f"rollout.attention={attention} needs a model with transformers' sdpa attention; "
                          f"{type(model).__name__} uses {current!r}")
     _register()
-    model.set_attn_implementation(NAME)
+    if attention == "packed_kernel":
+        from interq.quant import kernels
+
+        kernels.load()  # built once per machine; without it the calls are sdpa_packed's
+    model.set_attn_implementation(_NAMES[attention])
     return model

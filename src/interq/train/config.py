@@ -34,7 +34,7 @@ LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 EXECUTORS = ("bf16", "fp32", "w8a8")
 LEARNER_AUTOCASTS = ("off", "bf16", "bf16_backward")  # train.learner_autocast
 LEARNER_GEMMS = ("torch", "onednn")  # train.learner_gemm
-ATTENTIONS = ("sdpa", "sdpa_packed")  # = interq.rollout.attention.ATTENTION_CHOICES (tested), kept here torch-free
+ATTENTIONS = ("sdpa", "sdpa_packed", "packed_kernel")  # = interq.rollout.attention.ATTENTION_CHOICES (tested), kept here torch-free
 ARCHS = ("qwen3", "qwen3_moe")
 DTYPES = ("float32", "bfloat16")
 ARMS = ("bf16", "q-naive", "q-tis", "q-align", "q-interq")
@@ -130,6 +130,8 @@ class RolloutConfig:
     # heads packed (interq.rollout.attention): the same kernel path whatever the batch's padding; for GQA models
     # where no row is padded, decode attention 3.3-6.1x faster in bf16 on CPU (docs/benchmarks.md, "decode
     # attention"). sdpa: transformers' attention as it comes (the numerics of the study's runs, version 1).
+    # packed_kernel (opt-in): sdpa_packed with one-token decode attention by interq's CPU kernel, 2.5-3.3x faster
+    # than torch's flash kernel there, fp32 inside, not the same bits (interq.rollout.attention).
     attention: str = "sdpa_packed"
     max_action_tokens: int = 12
     max_context_tokens: int = 2048      # reaching it truncates the episode

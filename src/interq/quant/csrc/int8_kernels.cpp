@@ -15,6 +15,7 @@
 // Every float operation below is the one the eager chain performs, in the same order.
 
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>
@@ -385,7 +386,6 @@ std::vector<torch::Tensor> fake_quant_kv_int8(torch::Tensor t, int64_t qmax, boo
 // prefetched ahead): at decode the weights come from memory and torch._int_mm reads them about half as fast.
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 #define INTERQ_VNNI_GEMM 1
 #else
@@ -515,4 +515,192 @@ torch::Tensor int8_gemm_vnni(torch::Tensor a, torch::Tensor packed, int64_t n) {
   TORCH_CHECK(false, "int8_gemm_vnni: this build has no AVX512-VNNI (see has_int8_gemm_vnni)");
   return a;
 #endif
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Decode attention for grouped-query models (rollout.attention=packed_kernel): one new token per row.
+//
+// q [B, Hkv, G, D] (the G query heads of a KV head packed, as interq.rollout.attention's packed path lays them out),
+// k, v [B, Hkv, K, D] (strided views of a growing cache are read in place), mask: none, bool [B|1, 1, 1, K] (true =
+// attend) or additive float [B|1, 1, 1, K]. out [B, Hkv, G, D] in q's dtype. Per (row, KV head): the scores
+// q . k_j * scale in fp32 (products of the inputs exact in fp32, summed 16 lanes at a time, the lanes added in a
+// fixed order), softmax in fp32 (max subtracted), then sum_j p_j v_j in fp32 over keys in order, divided by the sum.
+// Each K and V row is read once for all G query heads, where torch's flash kernel runs small blocks through GEMM
+// calls. The same attention to rounding (not the same bits as torch's kernel: this is an opt-in choice).
+namespace {
+typedef float vf16 __attribute__((vector_size(64)));
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+typedef uint16_t vh16 __attribute__((vector_size(32)));
+
+inline vf16 load16(const float* p) {
+  vf16 r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+inline vf16 load16(const c10::BFloat16* p) {
+  vh16 h;
+  std::memcpy(&h, p, sizeof h);
+  vu16 u = __builtin_convertvector(h, vu16) << 16;  // bf16 -> fp32 exactly: the high half of the bits
+  vf16 r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
+}
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+inline float hsum16(vf16 v) {  // a fixed order: halves added pairwise (shuffles, no memory round trip)
+  vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+// exp of 16 floats at once (x <= 0 here: scores minus their maximum): x = n ln2 + r, |r| <= ln2 / 2, a degree-6
+// polynomial for e^r, then 2^n into the exponent; about 1 ulp, 0 below -87.3 (where e^x is below 2^-126)
+inline vf16 exp16(vf16 x) {
+  const vf16 lo = vf16{} - 87.3f;
+  vi16 under = x < lo;
+  x = x < lo ? lo : x;
+  vf16 n = x * 1.44269504088896341f;
+  n = n + (n >= 0.f ? 0.5f : -0.5f);
+  vi16 ni = __builtin_convertvector(n, vi16);  // truncation of n +- 0.5: the nearest integer
+  n = __builtin_convertvector(ni, vf16);
+  vf16 r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vf16 p = vf16{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  vi16 bits = (ni + 127) << 23;
+  vf16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  vf16 out = p * scale;
+  vi16 ob;
+  std::memcpy(&ob, &out, sizeof ob);
+  ob = under ? vi16{} : ob;
+  std::memcpy(&out, &ob, sizeof out);
+  return out;
+}
+
+constexpr int kDecodeMaxG = 16;
+constexpr int kDecodeMaxChunks = 16;  // D <= 256
+
+template <typename T>
+void decode_attention_head(const T* q, int64_t qs_g, const T* k, int64_t ks_j, const T* v, int64_t vs_j, int64_t kl,
+                           int g, int chunks, float scale, const bool* mb, const float* mf, float* s, T* out,
+                           int64_t os_g) {
+  vf16 qv[kDecodeMaxG][kDecodeMaxChunks];
+  for (int a = 0; a < g; ++a)
+    for (int c = 0; c < chunks; ++c) qv[a][c] = load16(q + a * qs_g + 16 * c);
+  float mx[kDecodeMaxG];
+  for (int a = 0; a < g; ++a) mx[a] = -INFINITY;
+  for (int64_t j = 0; j < kl; ++j) {  // scores: each key row read once for the G query heads
+    const bool keep = mb == nullptr || mb[j];
+    const T* kr = k + j * ks_j;
+    vf16 kv[kDecodeMaxChunks];
+    if (keep)
+      for (int c = 0; c < chunks; ++c) kv[c] = load16(kr + 16 * c);
+    for (int a = 0; a < g; ++a) {
+      float x = -INFINITY;
+      if (keep) {
+        vf16 acc = qv[a][0] * kv[0];
+        for (int c = 1; c < chunks; ++c) acc = acc + qv[a][c] * kv[c];
+        x = hsum16(acc) * scale;
+        if (mf != nullptr) x = x + mf[j];
+      }
+      s[a * kl + j] = x;
+      mx[a] = x > mx[a] ? x : mx[a];
+    }
+  }
+  float sum[kDecodeMaxG];
+  for (int a = 0; a < g; ++a) {
+    float* sa = s + a * kl;
+    const float m = mx[a] == -INFINITY ? 0.f : mx[a];  // a row with nothing to attend: p = 0 everywhere
+    vf16 t16 = vf16{};
+    int64_t j = 0;
+    for (; j + 16 <= kl; j += 16) {
+      vf16 p = exp16(load16(sa + j) - m);
+      std::memcpy(sa + j, &p, sizeof p);
+      t16 = t16 + p;
+    }
+    if (j < kl) {  // the tail, padded with -inf (e^-inf = 0)
+      float tail[16];
+      for (int i = 0; i < 16; ++i) tail[i] = j + i < kl ? sa[j + i] : -INFINITY;
+      vf16 p = exp16(load16(tail) - m);
+      for (int i = 0; j + i < kl; ++i) sa[j + i] = p[i];
+      t16 = t16 + p;
+    }
+    sum[a] = hsum16(t16);
+  }
+  vf16 acc[kDecodeMaxG][kDecodeMaxChunks];
+  for (int a = 0; a < g; ++a)
+    for (int c = 0; c < chunks; ++c) acc[a][c] = vf16{};
+  for (int64_t j = 0; j < kl; ++j) {  // values: each row read once
+    if (mb != nullptr && !mb[j]) continue;
+    const T* vr = v + j * vs_j;
+    vf16 vv[kDecodeMaxChunks];
+    for (int c = 0; c < chunks; ++c) vv[c] = load16(vr + 16 * c);
+    for (int a = 0; a < g; ++a) {
+      const float p = s[a * kl + j];
+      for (int c = 0; c < chunks; ++c) acc[a][c] = acc[a][c] + p * vv[c];
+    }
+  }
+  for (int a = 0; a < g; ++a) {
+    const float inv = sum[a] > 0.f ? 1.0f / sum[a] : 0.f;
+    T* o = out + a * os_g;
+    for (int c = 0; c < chunks; ++c)
+      for (int i = 0; i < 16; ++i) store_f(acc[a][c][i] * inv, o + 16 * c + i);
+  }
+}
+}  // namespace
+
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, std::optional<torch::Tensor> mask,
+                               double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.device().is_cpu(),
+              "decode_attention: q, k, v must be 4-D CPU tensors [B, Hkv, G|K, D]");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
+                  (q.scalar_type() == torch::kFloat32 || q.scalar_type() == torch::kBFloat16),
+              "decode_attention: q, k, v must share one dtype, float32 or bfloat16");
+  const int64_t b = q.size(0), hkv = q.size(1), g = q.size(2), d = q.size(3), kl = k.size(2);
+  TORCH_CHECK(k.size(0) == b && v.size(0) == b && k.size(1) == hkv && v.size(1) == hkv && v.size(2) == kl &&
+                  k.size(3) == d && v.size(3) == d,
+              "decode_attention: k and v must be [B, Hkv, K, D] with q's B, Hkv and D");
+  TORCH_CHECK(d % 16 == 0 && d / 16 <= kDecodeMaxChunks && g >= 1 && g <= kDecodeMaxG,
+              "decode_attention: D must be a multiple of 16 up to 256 and G at most 16, got D=", d, " G=", g);
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: k and v rows must be contiguous");
+  q = q.contiguous();
+  torch::Tensor mb, mf;
+  if (mask.has_value() && mask->defined()) {
+    const auto& m = *mask;
+    TORCH_CHECK(m.dim() == 4 && (m.size(0) == b || m.size(0) == 1) && m.size(1) == 1 && m.size(2) == 1 &&
+                    m.size(3) == kl,
+                "decode_attention: mask must be [B|1, 1, 1, K]");
+    if (m.scalar_type() == torch::kBool) mb = m.expand({b, 1, 1, kl}).contiguous();
+    else mf = m.to(torch::kFloat32).expand({b, 1, 1, kl}).contiguous();
+  }
+  auto out = torch::empty({b, hkv, g, d}, q.options());
+  const int chunks = static_cast<int>(d / 16);
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, b * hkv, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> s(static_cast<size_t>(g * kl));
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t bi = p / hkv, hi = p % hkv;
+      const bool* mbp = mb.defined() ? mb.data_ptr<bool>() + bi * kl : nullptr;
+      const float* mfp = mf.defined() ? mf.data_ptr<float>() + bi * kl : nullptr;
+      if (q.scalar_type() == torch::kFloat32)
+        decode_attention_head(q.data_ptr<float>() + (bi * hkv + hi) * g * d, d,
+                              k.data_ptr<float>() + bi * k.stride(0) + hi * k.stride(1), k.stride(2),
+                              v.data_ptr<float>() + bi * v.stride(0) + hi * v.stride(1), v.stride(2), kl,
+                              static_cast<int>(g), chunks, sc, mbp, mfp, s.data(),
+                              out.data_ptr<float>() + (bi * hkv + hi) * g * d, d);
+      else
+        decode_attention_head(q.data_ptr<c10::BFloat16>() + (bi * hkv + hi) * g * d, d,
+                              k.data_ptr<c10::BFloat16>() + bi * k.stride(0) + hi * k.stride(1), k.stride(2),
+                              v.data_ptr<c10::BFloat16>() + bi * v.stride(0) + hi * v.stride(1), v.stride(2), kl,
+                              static_cast<int>(g), chunks, sc, mbp, mfp, s.data(),
+                              out.data_ptr<c10::BFloat16>() + (bi * hkv + hi) * g * d, d);
+    }
+  });
+  return out;
 }
