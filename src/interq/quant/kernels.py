@@ -18,6 +18,9 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   ``_int_mm`` streams the weights at half the memory's speed; threads through torch's ``at::parallel_for``
   (OpenMP: the extension links the ``libgomp`` torch has loaded; where a build with ``-fopenmp`` fails, the kernels
   are built without it and that GEMM runs on one thread, which :func:`status` says)
+- ``decode_attention(q, k, v, mask, scale)``: one-token attention of the packed query heads of each KV head, fp32
+  inside (``rollout.attention=packed_kernel``, :mod:`interq.rollout.attention`): NOT the same bits as torch's flash
+  kernel (an opt-in computation of its own, to rounding; every other kernel here is bit for bit its eager chain)
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
 minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -c 'from interq.quant import kernels;
@@ -25,7 +28,7 @@ kernels.main()'``) into ``$INTERQ_KERNELS_DIR`` (default ``~/.cache/interq/kerne
 the source, the torch version, the CPU's instruction-set flags (``-march=native``: a build is never loaded on a
 CPU it was not made for) and the virtual environment. Where it cannot be built (no compiler) the executor keeps
 the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. They never change a
-number, only the time.
+number, only the time (``decode_attention`` aside: it runs only where ``rollout.attention=packed_kernel`` asks).
 """
 
 from __future__ import annotations

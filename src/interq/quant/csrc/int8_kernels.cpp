@@ -11,6 +11,8 @@
 //                   (quantize, dequantize into t's dtype, plus the straight-through estimator's + 0), and the scales
 //   fake_quant_act_int8: the forward value of interq.quant.primitives.fq_activation_ste for int8 activations
 //                   (quantize, dequantize, plus the straight-through estimator's + 0), fp32
+//   int8_gemm_vnni: torch._int_mm's exact int32 accumulator from weights packed by pack_int8_vnni (AVX512-VNNI)
+//   decode_attention: NOT an eager chain's bits: one-token GQA attention in fp32 for rollout.attention=packed_kernel
 // Compiled with -ffp-contract=off: no multiply-add may be fused into an FMA (that would change roundings).
 // Every float operation below is the one the eager chain performs, in the same order.
 
