@@ -21,8 +21,8 @@ the study's recorded runs (NUMERICS_VERSION 1). The learner is never given it.
 ``packed_kernel`` (opt-in) is ``sdpa_packed`` with the single-token decode attention computed by interq's CPU kernel
 (``interq.quant.kernels``' ``decode_attention``): each cached K and V row read once for the query heads of its KV
 head, scores, softmax and the weighted sum of values in fp32. Torch's flash kernel runs these one-token problems as
-small blocks through GEMM calls: at SmolLM2's shapes (16 rows, 1 thread) the kernel takes 0.20 / 0.81 / 1.69 ms per
-layer against 0.51 / 2.59 / 5.50 at 256 / 1,024 / 2,048 cached tokens, with the error of an fp32 computation against
+small blocks through GEMM calls: at SmolLM2's shapes (16 rows, 1 thread) the kernel takes 0.19 / 0.79 / 1.70 ms per
+layer against 0.47 / 2.03 / 5.43 at 256 / 1,024 / 2,048 cached tokens, with the error of an fp32 computation against
 float64 (flash's or less; docs/benchmarks.md "thirteenth session"). Not the same bits as ``sdpa_packed``'s decode
 (rounding), so not the default; prefill is ``sdpa_packed``'s. Where the kernel cannot take a call (kernels not
 built or turned off, another device or dtype, a head size not a multiple of 16, more than 16 query heads per KV

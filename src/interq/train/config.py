@@ -130,7 +130,7 @@ class RolloutConfig:
     # heads packed (interq.rollout.attention): the same kernel path whatever the batch's padding; for GQA models
     # where no row is padded, decode attention 3.3-6.1x faster in bf16 on CPU (docs/benchmarks.md, "decode
     # attention"). sdpa: transformers' attention as it comes (the numerics of the study's runs, version 1).
-    # packed_kernel (opt-in): sdpa_packed with one-token decode attention by interq's CPU kernel, 2.5-3.3x faster
+    # packed_kernel (opt-in): sdpa_packed with one-token decode attention by interq's CPU kernel, 2.5-3.2x faster
     # than torch's flash kernel there, fp32 inside, not the same bits (interq.rollout.attention).
     attention: str = "sdpa_packed"
     max_action_tokens: int = 12
