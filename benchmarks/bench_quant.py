@@ -33,7 +33,7 @@ from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_toke
                           sync_weights)
 from interq.quant import kernels
 from interq.quant.testing import tiny_causal_lm
-from interq.rollout.attention import set_rollout_attention
+from interq.rollout.attention import ATTENTION_CHOICES, set_rollout_attention
 
 PROMPTS = [
     "Write a short story about a robot learning to paint.",
@@ -214,7 +214,7 @@ def main() -> None:
                     "w8a8_kv8, w8a8_bf16kv, w8a8_kv8_unfused, w8a8_kv8_codes (the cache holding int8 codes, "
                     "dequantized on every read), w8a8_kv8_keepdq, w8a8_kv8_int_mm, w8a8_kv8_eager (the executor "
                     "without its fused CPU kernels)")
-    ap.add_argument("--attention", default="sdpa_packed", choices=["sdpa", "sdpa_packed"],
+    ap.add_argument("--attention", default="sdpa_packed", choices=list(ATTENTION_CHOICES),
                     help="the speed arms' attention (rollout.attention; default: the rollout's default)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
