@@ -31,6 +31,7 @@ def policy_dir(tmp_path_factory):
 @pytest.mark.parametrize("arm, extra, learner", [
     ("q-interq", [], "aligned"),                                  # the preset: per-turn rows, aligned learner, InterQ
     ("q-tis", ["algo.layout=concatenated"], "plain"),             # plain learner, one row per episode, token TIS
+    ("q-tis", ["algo.layout=concatenated", "train.learner_autocast=bf16"], "plain"),  # the learner's settings too
 ])
 def test_profile_equals_the_trainers_logged_metrics(tmp_path, policy_dir, arm, extra, learner):
     """THE equivalence: a train.steps=1 run's metrics.jsonl and the diagnostic on the same policy, tasks and seeds."""

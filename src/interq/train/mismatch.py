@@ -5,8 +5,9 @@ Given a policy, an environment and an executor configuration (the preset's ``rol
 1. plays episodes with the executor exactly as training steps 1, 2, ... would sample them (``rl.step_tasks``,
    ``rl.rollout``: the same tasks, seeds and batching), and lays them out with ``rl.build_batch``;
 2. recomputes the learner's log-probs on those exact tokens with the trainer's proximal pass
-   (``rl.proximal_logprobs``): the plain learner (``model.dtype``) and, for a ``w8a8`` executor, the aligned
-   (quantized-like, ``interq.quant.aligned``) learner;
+   (``rl.proximal_logprobs``, with the run's ``train.learner_autocast`` and ``train.learner_gemm``): the plain
+   learner (``model.dtype``) and, for a ``w8a8`` executor, the aligned (quantized-like, ``interq.quant.aligned``)
+   learner;
 3. reads the profile off the trainer's own functions: ``interq.algo.corrections.compute_correction("interq", ...)``
    (the §7 metrics ``mismatch/*``, ``interq/*`` and the ``turn/<curve>/<t>`` accumulation curves) and
    ``interq_turn_profile`` (signed delta, budget binding, effective support and counts per turn).
@@ -168,7 +169,7 @@ def mismatch_profile(model, tokenizer, cfg: RunConfig, tasks, *, episodes: int =
     for name in variants:
         tl = time.perf_counter()
         proximal = rl.proximal_logprobs(model, batch, cfg.train.tokens_per_microbatch, name == "aligned",
-                                        executor.qcfg)  # [B, L]
+                                        executor.qcfg, cfg.train.learner_autocast, cfg.train.learner_gemm)  # [B, L]
         m = profile_metrics(proximal, batch, cfg, budget)
         learners[name] = {**summarize_metrics(m), "metrics": m}
         learner_s[name] = time.perf_counter() - tl
