@@ -200,3 +200,29 @@ def test_the_aligned_learner_gives_the_same_logits_and_gradients_with_and_withou
             assert torch.equal(got[False][0], got[True][0]), (qcfg, dtype)
             assert got[False][1].keys() == got[True][1].keys()
             assert all(torch.equal(got[False][1][n], got[True][1][n]) for n in got[False][1]), (qcfg, dtype)
+
+
+def test_prune_removes_only_old_unused_builds(tmp_path, monkeypatch):
+    """Builds not loaded for PRUNE_AFTER_DAYS go; the one in use, recent ones, one being built and other files stay."""
+    import os
+    import time
+
+    monkeypatch.setenv("INTERQ_KERNELS_DIR", str(tmp_path))
+    old = time.time() - 40 * 86400
+    for name, age, lock in (("interq_int8_kernels_old", old, False), ("interq_int8_kernels_building", old, True),
+                            ("interq_int8_kernels_recent", time.time(), False), ("interq_int8_kernels_keep", old, False)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "x.so").write_bytes(b"")
+        if lock:
+            (d / "lock").write_bytes(b"")
+        os.utime(d, (age, age))
+    used = tmp_path / "interq_int8_kernels_old_but_used"
+    used.mkdir()
+    os.utime(used, (old, old))
+    (used / "last_used").touch()  # loaded just now by some process
+    (tmp_path / "notes.txt").write_text("not a build")
+    assert kernels.prune("interq_int8_kernels_keep") == ["interq_int8_kernels_old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "interq_int8_kernels_building", "interq_int8_kernels_keep", "interq_int8_kernels_old_but_used",
+        "interq_int8_kernels_recent", "notes.txt"]

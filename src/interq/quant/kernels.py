@@ -27,7 +27,8 @@ minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -c 'from interq.qu
 kernels.main()'``) into ``$INTERQ_KERNELS_DIR`` (default ``~/.cache/interq/kernels``), under a name that hashes
 the source, the torch version, the CPU's instruction-set flags (``-march=native``: a build is never loaded on a
 CPU it was not made for) and the virtual environment. Where it cannot be built (no compiler) the executor keeps
-the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. They never change a
+the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. Builds that no process
+has loaded for 30 days are removed when another one loads (:func:`prune`). They never change a
 number, only the time (``decode_attention`` aside: it runs only where ``rollout.attention=packed_kernel`` asks).
 """
 
@@ -91,11 +92,39 @@ def set_enabled(value: bool) -> None:
     _ENABLED["value"] = bool(value)
 
 
+PRUNE_AFTER_DAYS = 30  # builds of other sources, flags, torch versions, CPUs or venvs not loaded for this long
+
+
+def kernels_dir() -> Path:
+    return Path(os.environ.get("INTERQ_KERNELS_DIR", Path.home() / ".cache" / "interq" / "kernels"))
+
+
+def prune(keep: str, days: float = PRUNE_AFTER_DAYS) -> list[str]:
+    """Remove the build directories beside ``keep`` that no process has loaded for ``days`` (each load touches its
+    directory's ``last_used``; a directory without one counts from its own time). -> the names removed. Every
+    source edit, torch upgrade or new venv leaves a build behind: without this the cache only grows."""
+    import shutil
+
+    root, cutoff, gone = kernels_dir(), time.time() - days * 86400, []
+    for d in root.glob("interq_int8_kernels_*"):
+        if d.name == keep or not d.is_dir():
+            continue
+        mark = d / "last_used"
+        try:
+            used = (mark if mark.exists() else d).stat().st_mtime
+        except OSError:
+            continue
+        if used < cutoff and not (d / "lock").exists():  # never a build in progress
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d.name)
+    return gone
+
+
 def _build(openmp: bool, verbose: bool):
     from torch.utils.cpp_extension import load_inline
 
     name = build_name(openmp)
-    build_dir = Path(os.environ.get("INTERQ_KERNELS_DIR", Path.home() / ".cache" / "interq" / "kernels")) / name
+    build_dir = kernels_dir() / name
     _ninja_on_path()
     build_dir.mkdir(parents=True, exist_ok=True)
     lock = build_dir / "lock"  # torch waits for ever on the lock of a build that was killed: drop a stale one
@@ -127,6 +156,11 @@ def load(verbose: bool = False):
             try:
                 _STATE["module"], _STATE["name"] = _build(openmp, verbose), build_name(openmp)
                 _STATE["reason"] = "loaded" if openmp else f"loaded without OpenMP (the first build: {failed[0]})"
+                try:
+                    (kernels_dir() / _STATE["name"] / "last_used").touch()
+                    prune(_STATE["name"])
+                except OSError:  # a read-only cache: nothing to mark or prune
+                    pass
                 break
             except Exception as e:  # no compiler, no headers, a failed build: the eager ops stay
                 _STATE["module"] = None
