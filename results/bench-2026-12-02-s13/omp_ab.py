@@ -11,7 +11,8 @@ from interq.quant import kernels
 if mode == "omp":
     assert kernels.load() is not None
 elif mode == "noomp":
-    kernels._STATE.update(module=kernels._build(False, False), tried=True, name=kernels.build_name(False))
+    name, module = kernels._build(False, False)  # (a later refactor: _build returns its name with the module)
+    kernels._STATE.update(module=module, tried=True, name=name)
 torch.set_num_threads(2)
 from interq.models.pretrained import load_smollm2
 from interq.quant import make_executor

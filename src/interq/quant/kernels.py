@@ -121,6 +121,7 @@ def prune(keep: str, days: float = PRUNE_AFTER_DAYS) -> list[str]:
 
 
 def _build(openmp: bool, verbose: bool):
+    """-> (the build's name, the loaded module)."""
     from torch.utils.cpp_extension import load_inline
 
     name = build_name(openmp)
@@ -133,12 +134,12 @@ def _build(openmp: bool, verbose: bool):
     if not (build_dir / f"{name}.so").is_file():
         print(f"[interq] compiling the int8 executor's CPU kernels into {build_dir} (once per machine, "
               "about a minute)", file=sys.stderr, flush=True)
-    return load_inline(name, cpp_sources=[_SRC.read_text()],
-                       functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8", "fake_quant_act_int8",
-                                  "fake_quant_kv_int8", "has_int8_gemm_vnni", "pack_int8_vnni", "int8_gemm_vnni",
-                                  "decode_attention"],
-                       extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
-                       build_directory=str(build_dir), verbose=verbose)
+    return name, load_inline(name, cpp_sources=[_SRC.read_text()],
+                             functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
+                                        "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
+                                        "pack_int8_vnni", "int8_gemm_vnni", "decode_attention"],
+                             extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
+                             build_directory=str(build_dir), verbose=verbose)
 
 
 def load(verbose: bool = False):
@@ -154,7 +155,7 @@ def load(verbose: bool = False):
         failed = []
         for openmp in (True, False):  # without OpenMP (no omp.h / libgomp to link) int8_gemm_vnni runs one thread
             try:
-                _STATE["module"], _STATE["name"] = _build(openmp, verbose), build_name(openmp)
+                _STATE["name"], _STATE["module"] = _build(openmp, verbose)
                 _STATE["reason"] = "loaded" if openmp else f"loaded without OpenMP (the first build: {failed[0]})"
                 try:
                     (kernels_dir() / _STATE["name"] / "last_used").touch()

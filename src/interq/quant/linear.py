@@ -94,6 +94,26 @@ def int8_accumulate(q: torch.Tensor, wq_t: torch.Tensor, codes_f32: torch.Tensor
     return int_mm_padded(q, wq_t)
 
 
+def register_backend_layouts(module: nn.Module, prefix: str, q: torch.Tensor, int8: bool) -> None:
+    """The module's int8 backend's own copies of the weight codes ``q`` ([Kp, Np] or [E, Kp, Np]), derived, not
+    saved: ``<prefix>_codes_f32`` (fp32_exact: the codes as float32) and ``<prefix>_vnni`` (vnni: :func:`vnni_pack`),
+    each None unless the backend (``module.int8_backend``) uses it."""
+    backend = module.int8_backend
+    use = int8 and backend == "fp32_exact"
+    module.register_buffer(f"{prefix}_codes_f32", q.float() if use else None, persistent=False)
+    use = int8 and backend == "vnni"
+    module.register_buffer(f"{prefix}_vnni", vnni_pack(q) if use else None, persistent=False)
+
+
+def follow_backend_layouts(module: nn.Module, prefix: str, q: torch.Tensor) -> None:
+    """Weight sync: the copies :func:`register_backend_layouts` made, rewritten from the new codes ``q``."""
+    codes, packed = getattr(module, f"{prefix}_codes_f32"), getattr(module, f"{prefix}_vnni")
+    if codes is not None:
+        codes.copy_(q)
+    if packed is not None:
+        packed.copy_(vnni_pack(q))
+
+
 def int_mm_fp32_exact(a: torch.Tensor, b_f32: torch.Tensor) -> torch.Tensor:
     """a int8 [M, K], b_f32 [K, N] float32 holding int8 codes -> exact int32 [M, N] (see resolve_int8_backend)."""
     if torch.get_float32_matmul_precision() != "highest":
@@ -265,16 +285,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_scale", s)
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("bias", bias)
-        self._refresh_codes()
-
-    def _refresh_codes(self) -> None:
-        """The backend's own weight layout, derived from ``weight_q`` (not saved): fp32_exact's codes as float32,
-        vnni's packing."""
-        int8 = self.qcfg.w_format == "int8"
-        use = int8 and self.int8_backend == "fp32_exact"
-        self.register_buffer("weight_codes_f32", self.weight_q.float() if use else None, persistent=False)
-        use = int8 and self.int8_backend == "vnni"
-        self.register_buffer("weight_vnni", vnni_pack(self.weight_q) if use else None, persistent=False)
+        register_backend_layouts(self, "weight", q, qcfg.w_format == "int8")
 
     @torch.no_grad()
     def requantize(self, weight: torch.Tensor, bias: torch.Tensor | None = None, amax: torch.Tensor | None = None):
@@ -282,10 +293,7 @@ class QuantLinear(nn.Module):
         q, s = _pack(weight, self.qcfg, amax)
         self.weight_q.copy_(q)
         self.weight_scale.copy_(s)
-        if self.weight_codes_f32 is not None:
-            self.weight_codes_f32.copy_(self.weight_q)
-        if self.weight_vnni is not None:
-            self.weight_vnni.copy_(vnni_pack(self.weight_q))
+        follow_backend_layouts(self, "weight", self.weight_q)
         if bias is not None and self.bias is not None:
             self.bias.copy_(bias)
 
@@ -348,7 +356,7 @@ class FusedQuantLinear(nn.Module):
         self.register_buffer("weight_scale", s)  # [N] fp32
         bias = None if lins[0].bias is None else torch.cat([m.bias.detach() for m in lins])
         self.register_buffer("bias", bias)
-        self._refresh_codes()
+        register_backend_layouts(self, "weight", q, True)
         self._memo = None
 
     def _quantize(self, weights, amaxes) -> tuple[torch.Tensor, torch.Tensor]:
@@ -360,12 +368,6 @@ class FusedQuantLinear(nn.Module):
         q = P._pad_last2(torch.cat(qs), 8).transpose(-1, -2).contiguous()  # [Kp, Np]
         return q, torch.cat(ss)
 
-    def _refresh_codes(self) -> None:
-        use = self.int8_backend == "fp32_exact"
-        self.register_buffer("weight_codes_f32", self.weight_q.float() if use else None, persistent=False)
-        use = self.int8_backend == "vnni"
-        self.register_buffer("weight_vnni", vnni_pack(self.weight_q) if use else None, persistent=False)
-
     @torch.no_grad()
     def requantize(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None],
                    amaxes: list[torch.Tensor | None]) -> None:
@@ -373,10 +375,7 @@ class FusedQuantLinear(nn.Module):
         q, s = self._quantize(weights, amaxes)
         self.weight_q.copy_(q)
         self.weight_scale.copy_(s)
-        if self.weight_codes_f32 is not None:
-            self.weight_codes_f32.copy_(self.weight_q)
-        if self.weight_vnni is not None:
-            self.weight_vnni.copy_(vnni_pack(self.weight_q))
+        follow_backend_layouts(self, "weight", self.weight_q)
         if self.bias is not None:
             self.bias.copy_(torch.cat([b.detach() for b in biases]))
         self._memo = None
@@ -480,10 +479,7 @@ class QuantExperts(nn.Module):
             q, s = _pack(getattr(experts, name), qcfg, None)
             self.register_buffer(f"{name}_q", q)
             self.register_buffer(f"{name}_scale", s)
-            use = qcfg.w_format == "int8" and self.int8_backend == "fp32_exact"
-            self.register_buffer(f"{name}_codes_f32", q.float() if use else None, persistent=False)
-            use = qcfg.w_format == "int8" and self.int8_backend == "vnni"
-            self.register_buffer(f"{name}_vnni", vnni_pack(q) if use else None, persistent=False)
+            register_backend_layouts(self, name, q, qcfg.w_format == "int8")
 
     @torch.no_grad()
     def requantize(self, experts: nn.Module):
@@ -491,12 +487,7 @@ class QuantExperts(nn.Module):
             q, s = _pack(getattr(experts, name), self.qcfg, None)
             getattr(self, f"{name}_q").copy_(q)
             getattr(self, f"{name}_scale").copy_(s)
-            codes = getattr(self, f"{name}_codes_f32")
-            if codes is not None:
-                codes.copy_(q)
-            packed = getattr(self, f"{name}_vnni")
-            if packed is not None:
-                packed.copy_(vnni_pack(q))
+            follow_backend_layouts(self, name, q)
 
     def _gemm(self, name: str, n_out: int, e: int, x: torch.Tensor) -> torch.Tensor:
         wq, s = getattr(self, f"{name}_q")[e], getattr(self, f"{name}_scale")[e]

@@ -40,6 +40,11 @@ ATTENTION_CHOICES = ("sdpa", "sdpa_packed", "packed_kernel")
 _NAMES = {"sdpa_packed": NAME, "packed_kernel": KERNEL_NAME}
 
 
+def _special(kwargs: dict, dropout) -> bool:
+    """Soft-capping, position biases or dropout: transformers' own function handles those."""
+    return kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None or bool(dropout)
+
+
 def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                           is_causal=None, **kwargs):
     """transformers' attention-function signature: query [B, H, q, D], key/value [B, H_kv, K, D]
@@ -47,7 +52,7 @@ def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: fl
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    special = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None or dropout
+    special = _special(kwargs, dropout)
     if query.shape[2] > 1 and attention_mask is not None and groups > 1 and not special and query.device.type == "cpu":
         # a masked prefill: torch's CPU flash kernel reads each KV head for its query heads (enable_gqa) instead of
         # transformers' repeat_kv copy of the whole cache, per layer: the same bits (tested), 1.2x faster at a
@@ -69,38 +74,38 @@ def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: fl
     return out, None
 
 
-def _kernel_takes(query, key, value, attention_mask, groups: int, special) -> bool:
+def _decode_kernel(query, key, value, attention_mask, groups: int, special: bool):
+    """The compiled kernels' module when its ``decode_attention`` can take this call, else None."""
     from interq.quant import kernels
 
     mod = kernels.get()
     if mod is None or not hasattr(mod, "decode_attention") or special or query.shape[2] != 1:
-        return False
+        return None
     if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16):
-        return False
+        return None
     if not (query.dtype == key.dtype == value.dtype) or key.stride(-1) != 1 or value.stride(-1) != 1:
-        return False
+        return None
     d = query.shape[-1]
     if d % 16 or d > 256 or value.shape[-1] != d or groups > 16:
-        return False
+        return None
     m = attention_mask
-    return m is None or (m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == 1 and m.shape[0] in (1, query.shape[0]))
+    takes = m is None or (m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == 1 and m.shape[0] in (1, query.shape[0]))
+    return mod if takes else None
 
 
 def packed_kernel_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                             is_causal=None, **kwargs):
     """``sdpa_packed_attention`` with a single query token's attention by interq's CPU kernel (see the module
     docstring): query [B, H, 1, D], key/value [B, H_kv, K, D] -> ([B, 1, H, D], None)."""
-    from interq.quant import kernels
-
     groups = getattr(module, "num_key_value_groups", 1)
-    special = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None or dropout
-    if not _kernel_takes(query, key, value, attention_mask, groups, special):
+    mod = _decode_kernel(query, key, value, attention_mask, groups, _special(kwargs, dropout))
+    if mod is None:
         return sdpa_packed_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                      is_causal=is_causal, **kwargs)
     b, h, _, d = query.shape
     scale = scaling if scaling is not None else d ** -0.5
     q = query.reshape(b, h // groups, groups, d)  # [B, H_kv, G, D]
-    out = kernels.get().decode_attention(q, key, value, attention_mask, float(scale))  # [B, H_kv, G, D]
+    out = mod.decode_attention(q, key, value, attention_mask, float(scale))  # [B, H_kv, G, D]
     return out.reshape(b, 1, h, d), None  # [B, 1, H, D]: the heads of a KV head are consecutive
 
 

@@ -547,8 +547,7 @@ inline vf16 load16(const c10::BFloat16* p) {
   std::memcpy(&r, &u, sizeof r);
   return r;
 }
-typedef float vf8 __attribute__((vector_size(32)));
-typedef float vf4 __attribute__((vector_size(16)));
+typedef float vf4 __attribute__((vector_size(16)));  // vf8: beside row_amax_vec above
 typedef int32_t vi16 __attribute__((vector_size(64)));
 inline float hsum16(vf16 v) {  // a fixed order: halves added pairwise (shuffles, no memory round trip)
   vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
