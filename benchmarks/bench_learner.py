@@ -20,9 +20,11 @@ log-probs (0 for ``bf16bwd``).
 The header and the RESULT line record the machine (``machine``: ``interq.machine.machine_info()`` at the start,
 ``load_avg_end`` at the end; thread count included). On CPU the arm ``aligned_fp32_eager`` is the aligned learner
 without the fused CPU kernels (``interq.quant.kernels``; the same numbers): ``kernels_over_eager_aligned_fp32``.
+Every arm's causal attention is ``--learner-attention`` (``train.learner_attention``: ``auto`` as a run's config
+resolves it on this machine, ``sdpa`` or ``kernel``), recorded as ``learner_attention``.
 Ends with ``RESULT {json}``.
 
-    nice -n 5 .venv/bin/python benchmarks/bench_learner.py [--threads 2] [--device cpu] [--skip-smollm2]
+    nice -n 5 .venv/bin/python benchmarks/bench_learner.py [--threads 2] [--device cpu] [--skip-smollm2] [--learner-attention sdpa]
 """
 
 from __future__ import annotations
@@ -56,10 +58,10 @@ def make_rows(vocab: int, rows: int, turns: int, obs_tokens: int, act_tokens: in
 
 
 def learner_pass(model, ids, mask, act, align: bool, qcfg: QuantConfig, autocast: str = "off",
-                 backward: bool = True) -> torch.Tensor:
+                 backward: bool = True, attention: str = "sdpa") -> torch.Tensor:
     """One micro-batch as ``rl.update`` runs it: current log-probs [R, L] (+ PPO loss and backward when ``backward``).
-    ``autocast``: ``train.learner_autocast`` (off | bf16 | bf16_backward)."""
-    ctx = learner_context(model, align, qcfg, autocast)  # the trainer's learner context
+    ``autocast``: ``train.learner_autocast`` (off | bf16 | bf16_backward); ``attention``: ``train.learner_attention``."""
+    ctx = learner_context(model, align, qcfg, autocast, attention=attention)  # the trainer's learner context
     grad = torch.enable_grad() if backward else torch.no_grad()
     with grad, ctx:  # the backward too, as rl.update: checkpointed layers recompute the same (aligned) forward
         current = sequence_logprobs(model, ids, mask, temperature=1.0, score_mask=act)  # [R, L] fp32
@@ -94,7 +96,8 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
     for al, pr, eg in arms:
         kernels.set_enabled(not eg)
         model.zero_grad(set_to_none=True)
-        learner_pass(model, ids[:1, :w], mask[:1, :w], act[:1, :w], al, qcfg, PRECISIONS[pr])
+        learner_pass(model, ids[:1, :w], mask[:1, :w], act[:1, :w], al, qcfg, PRECISIONS[pr],
+                     attention="sdpa" if eg else args.learner_attention)
     fb = {label(*a): [] for a in arms}
     fb_cpu = {label(*a): [] for a in arms}  # process CPU seconds of the same passes: steadier than wall time when shared
     fwd = {label(*a): [] for a in arms}
@@ -107,7 +110,8 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
             model.zero_grad(set_to_none=True)
             synchronize(device)
             t0, c0 = time.perf_counter(), time.process_time()
-            lp = learner_pass(model, ids, mask, act, al, qcfg, PRECISIONS[pr])
+            lp = learner_pass(model, ids, mask, act, al, qcfg, PRECISIONS[pr],
+                              attention="sdpa" if eg else args.learner_attention)
             synchronize(device)
             fb[k].append(time.perf_counter() - t0)
             fb_cpu[k].append(time.process_time() - c0)
@@ -127,7 +131,8 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
                 continue
             synchronize(device)
             t0 = time.perf_counter()
-            learner_pass(model, ids, mask, act, al, qcfg, PRECISIONS[pr], backward=False)
+            learner_pass(model, ids, mask, act, al, qcfg, PRECISIONS[pr], backward=False,
+                         attention="sdpa" if eg else args.learner_attention)
             synchronize(device)
             fwd[k].append(time.perf_counter() - t0)
         print(f"[{name}] round {rnd + 1}/{args.rounds}: " + ", ".join(f"{k} {fb[k][-1]:.2f}s ({fb_cpu[k][-1]:.1f} CPU s)"
@@ -192,6 +197,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--step-tokens", type=int, default=13_000,
                     help="tokens of one SmolLM2 RL step (8 episodes x 9-10 turns, concatenated) for the step estimate")
+    ap.add_argument("--learner-attention", default="auto", choices=["auto", "sdpa", "kernel"],
+                    help="train.learner_attention of every arm: auto (as a run's config resolves it here), sdpa "
+                    "(torch's flash kernel) or kernel (interq's)")
     ap.add_argument("--skip-smollm2", action="store_true")
     ap.add_argument("--skip-tiny", action="store_true")
     ap.add_argument("--skip-forward-only", action="store_true", help="do not time the no-grad (proximal pass) forward")
@@ -208,10 +216,14 @@ def main() -> None:
     arm_names = (*(f"{al}_{pr}" for al in ("plain", "aligned") for pr in PRECISIONS), "aligned_fp32_eager")
     if args.arms is not None and (bad := [a for a in args.arms if a not in arm_names]):
         ap.error(f"--arms: {bad} not accepted; accepted: {','.join(arm_names)}")
+    from interq.train.config import resolve_learner_attention
+
+    args.learner_attention = resolve_learner_attention(args.learner_attention, str(dev))
     machine = machine_info(dev)  # at the start; load_avg_end added at the end
-    print(f"bench_learner {time.strftime('%Y-%m-%d %H:%M')} on {describe(machine)}; bf16 arms: {use_bf16}", flush=True)
+    print(f"bench_learner {time.strftime('%Y-%m-%d %H:%M')} on {describe(machine)}; bf16 arms: {use_bf16}; "
+          f"learner attention: {args.learner_attention}", flush=True)
     result: dict = {"device": str(dev), "threads": args.threads, "bf16_native": bf16_native(dev), "bf16_timed": use_bf16,
-                    "shape": {"turns": args.turns, "obs_tokens": args.obs_tokens, "act_tokens": args.act_tokens},
+                    "learner_attention": args.learner_attention, "shape": {"turns": args.turns, "obs_tokens": args.obs_tokens, "act_tokens": args.act_tokens},
                     "machine": machine}
     if not args.skip_smollm2:
         from interq.models.pretrained import load_smollm2

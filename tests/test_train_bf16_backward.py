@@ -128,7 +128,7 @@ def test_with_gradient_checkpointing_the_same_gradient(align):
 def test_accepted_with_the_aligned_learner_and_validated():
     assert build_config("q-interq", ["train.learner_autocast=bf16_backward"]).train.learner_autocast == "bf16_backward"
     assert build_config("bf16", ["train.learner_autocast=bf16_backward"]).train.learner_autocast == "bf16_backward"
-    with pytest.raises(ConfigError, match=r"choose one of \['off', 'bf16', 'bf16_backward'\]"):
+    with pytest.raises(ConfigError, match=r"choose one of \['auto', 'off', 'bf16', 'bf16_backward'\]"):
         build_config("q-interq", ["train.learner_autocast=bf16_grad"])
     with pytest.raises(ConfigError, match=r"choose train\.learner_autocast='off' or 'bf16_backward'"):
         build_config("q-align", ["train.learner_autocast=bf16"])

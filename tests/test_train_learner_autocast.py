@@ -1,6 +1,7 @@
 """train.learner_autocast (issue 12 item 4): the plain learner's forward under bf16 autocast, opt-in.
 
-Default ``off`` is the fp32 forward, bit for bit. ``bf16`` keeps fp32 master weights, fp32 log-probs and fp32
+``off`` is the fp32 forward, bit for bit; the default ``auto`` resolves to ``bf16_backward`` on a CPU with native
+bf16 and to ``off`` elsewhere (NUMERICS_VERSION 4), tested below with the machine's answer patched both ways. ``bf16`` keeps fp32 master weights, fp32 log-probs and fp32
 gradients; its gradient on a tiny policy stays within 2% (relative L2) of the fp32 gradient, cosine > 0.999
 (measured: 0.5% on the household tiny policy, 6% on SmolLM2-135M, docs/benchmarks.md "Learner throughput").
 """
@@ -65,13 +66,65 @@ def test_bf16_autocast_gradient_is_close_to_fp32(kind):
     assert 0 < float(d.max()) < 0.05, f"log-prob |delta| max {float(d.max()):.4f}"
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_resolves_by_the_machine_when_the_config_is_built(monkeypatch, native):
+    import interq.machine as machine
+    from interq.train import provenance
+    from interq.train.config import RunConfig, resolve_learner_autocast, to_dict
+
+    monkeypatch.setattr(machine, "bf16_native", lambda device=None: native)
+    want = "bf16_backward" if native else "off"
+    assert RunConfig().train.learner_autocast == "auto"
+    assert build_config("q-tis", []).train.learner_autocast == want  # the stored config says what ran
+    assert build_config("q-interq", ["train.device=auto"]).train.learner_autocast == (
+        "off" if torch.cuda.is_available() else want)
+    assert to_dict(build_config("bf16", []))["train"]["learner_autocast"] == want
+    for explicit in ("off", "bf16_backward"):  # an explicit value is kept whatever the machine
+        assert build_config("q-interq", [f"train.learner_autocast={explicit}"]).train.learner_autocast == explicit
+    assert resolve_learner_autocast("auto", "cuda") == "off"  # unmeasured on GPUs (and none here: no error either)
+    assert resolve_learner_autocast("bf16", "cpu") == "bf16"
+    # a run of version 3 ran at its default, off: a report reads it across the moved default only where it moved
+    assert provenance._defaults_of(3)["train.learner_autocast"] == "off"
+    assert provenance._defaults_of(provenance.NUMERICS_VERSION)["train.learner_autocast"] == want
+    assert provenance._moved("train.learner_autocast", "off", "bf16_backward", 3) is native
+
+
+def test_auto_in_the_learner_context_follows_the_model_device(monkeypatch):
+    import interq.machine as machine
+    import interq.train.bf16_backward as bwd
+
+    mb, batch = _micro_batch()
+    model = tiny_causal_lm("llama")
+    entered = []
+    real = bwd.bf16_backward
+    monkeypatch.setattr(bwd, "bf16_backward", lambda: (entered.append(1), real())[1])
+    for native, times in ((False, 0), (True, 1)):
+        monkeypatch.setattr(machine, "bf16_native", lambda device=None, n=native: n)
+        lp = learner_logprobs(model, mb, batch, False, None, "auto")
+        assert len(entered) == times and torch.equal(lp, learner_logprobs(model, mb, batch, False, None, "off"))
+
+
 def test_learner_autocast_is_validated_naming_the_field():
-    assert build_config("q-tis", []).train.learner_autocast == "off"
     assert build_config("q-tis", ["train.learner_autocast=bf16"]).train.learner_autocast == "bf16"
-    with pytest.raises(ConfigError, match=r"train\.learner_autocast='fp16' is not accepted; choose one of \['off', 'bf16', 'bf16_backward'\]"):
+    with pytest.raises(ConfigError, match=r"train\.learner_autocast='fp16' is not accepted; choose one of \['auto', 'off', 'bf16', 'bf16_backward'\]"):
         build_config("q-tis", ["train.learner_autocast=fp16"])
     with pytest.raises(ConfigError, match=r"train\.learner_autocast='bf16' is not accepted with algo\.align=true"):
         build_config("q-align", ["train.learner_autocast=bf16"])
     mb, batch = _micro_batch()
     with pytest.raises(ValueError, match="train.learner_autocast='fp16'"):
         learner_logprobs(tiny_causal_lm("llama"), mb, batch, False, None, "fp16")
+
+
+def test_yaml_words_off_on_yes_no_stay_strings_where_a_string_is_wanted(tmp_path):
+    from interq.train.config import load_config, save_config
+
+    # YAML 1.1 reads off/on/yes/no as booleans: the config's loader keeps them words; bool fields still take them
+    cfg = build_config("q-interq", ["train.learner_autocast=off", "train.progress=off", "train.tensorboard=yes"])
+    assert (cfg.train.learner_autocast, cfg.train.progress, cfg.train.tensorboard) == ("off", False, True)
+    path = tmp_path / "run.yaml"
+    save_config(cfg, path)
+    assert load_config(path) == cfg
+    path.write_text(path.read_text().replace("learner_autocast: 'off'", "learner_autocast: off"))
+    assert "learner_autocast: off" in path.read_text() and load_config(path).train.learner_autocast == "off"
+    with pytest.raises(ConfigError, match=r"train\.progress: expected true or false, got 'maybe'"):
+        build_config("q-interq", ["train.progress=maybe"])

@@ -245,9 +245,11 @@ def aligned(model: nn.Module, qcfg: QuantConfig, cache_weights: bool = True):
                 m.forward = (lambda m: lambda h, i, w: aligned_experts_forward(m, qcfg, h, i, w, cache_weights))(m)
                 patched.append(m)
         if qcfg.quantizes_kv:
-            if old_attn not in ("sdpa", "eager"):
+            from interq.train.learner_attention import NAME as LEARNER_KERNEL
+
+            if old_attn not in ("sdpa", "eager", LEARNER_KERNEL):
                 raise NotImplementedError(f"aligned: attention implementation {old_attn!r} is not supported "
-                                          "(accepted: 'sdpa', 'eager')")
+                                          f"(accepted: 'sdpa', 'eager', {LEARNER_KERNEL!r})")
             cfg._interq_kv_qcfg = qcfg
             cfg._attn_implementation = _register(old_attn)
         yield model

@@ -137,7 +137,8 @@ def _build(openmp: bool, verbose: bool):
     return name, load_inline(name, cpp_sources=[_SRC.read_text()],
                              functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
                                         "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
-                                        "pack_int8_vnni", "int8_gemm_vnni", "decode_attention"],
+                                        "pack_int8_vnni", "int8_gemm_vnni", "decode_attention",
+                                        "causal_attention_fwd", "causal_attention_bwd"],
                              extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
                              build_directory=str(build_dir), verbose=verbose)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from importlib import resources
@@ -32,8 +33,9 @@ ADVANTAGES = ("grpo", "gigpo")
 LAYOUTS = ("concatenated", "per_turn")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 EXECUTORS = ("bf16", "fp32", "w8a8")
-LEARNER_AUTOCASTS = ("off", "bf16", "bf16_backward")  # train.learner_autocast
+LEARNER_AUTOCASTS = ("auto", "off", "bf16", "bf16_backward")  # train.learner_autocast (auto: resolve_learner_autocast)
 LEARNER_GEMMS = ("torch", "onednn")  # train.learner_gemm
+LEARNER_ATTENTIONS = ("auto", "sdpa", "kernel")  # train.learner_attention (auto: resolve_learner_attention)
 ATTENTIONS = ("sdpa", "sdpa_packed", "packed_kernel")  # = interq.rollout.attention.ATTENTION_CHOICES (tested), kept here torch-free
 ARCHS = ("qwen3", "qwen3_moe")
 DTYPES = ("float32", "bfloat16")
@@ -187,8 +189,9 @@ class TrainConfig:
     threads: int = 0                    # torch.set_num_threads (0: leave alone)
     device: str = "cpu"                 # learner + executor: cpu | cuda | auto (cuda when a GPU is visible); warm start stays on cpu
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward instead of keeping them (transformers' non-reentrant checkpointing): much less learner memory for about one more forward per micro-batch; the same gradients
-    learner_autocast: str = "off"       # off | bf16 | bf16_backward. bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align); bf16_backward: fp32 forward (the same log-probs), the linear layers' backward GEMMs in bf16 (any learner; interq.train.bf16_backward)
+    learner_autocast: str = "auto"      # auto | off | bf16 | bf16_backward. auto (default since NUMERICS_VERSION 4): bf16_backward on a CPU learner where bf16 is native (AVX512_BF16 / AMX), else off; resolved when the config is built (resolve_learner_autocast). bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align); bf16_backward: fp32 forward (the same log-probs), the linear layers' backward GEMMs in bf16 (any learner; interq.train.bf16_backward)
     learner_gemm: str = "torch"         # torch | onednn: the library of the learner's fp32 CPU GEMMs (linear layers, forward and backward). onednn: 2.1-2.5x torch's MKL on AMD CPUs (AVX-512), the same fp32 arithmetic summed in another order (log-probs and gradients differ by rounding; interq.train.onednn_gemm)
+    learner_attention: str = "auto"     # auto | sdpa | kernel: the learner's causal self-attention (forward and backward). sdpa: transformers' (torch's CPU flash kernel); kernel: interq's CPU kernel, fp32, 1.8-2.6x torch's at 300-1,760 tokens, the same function to rounding (interq.train.learner_attention); auto (default since NUMERICS_VERSION 4): kernel for a CPU learner where interq's CPU kernels load, else sdpa; resolved when the config is built
     progress: bool = True
     tensorboard: bool = False
 
@@ -213,11 +216,31 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML with only ``true`` / ``false`` as booleans (YAML 1.2): YAML 1.1 also reads ``off``, ``on``, ``yes`` and
+    ``no`` as booleans, so ``train.learner_autocast=off`` would arrive as ``False``. A bool field still takes those
+    words (:func:`_coerce`)."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader)
+
+
 def _coerce(path: str, value: Any, tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.lower()]
         raise ConfigError(f"{path}: expected true or false, got {value!r}")
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -283,7 +306,7 @@ def parse_overrides(overrides: list[str]) -> dict:
         if not key:
             raise ConfigError(f"override {item!r}: empty key")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = _yaml_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         node = out
@@ -316,7 +339,7 @@ def load_preset(name: str, _chain: tuple[str, ...] = (), rebase: dict[str, str] 
             raise ConfigError(f"preset: unknown preset {name!r}; accepted: {preset_names()} or a path to a .yaml file")
         text = res.read_text()
     try:
-        data = yaml.safe_load(text) or {}
+        data = _yaml_load(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"preset {name!r}: not valid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(data, dict):
@@ -339,7 +362,7 @@ def _preset_chain(name: str) -> list[str]:
             break
         out.append(name)
         try:
-            data = yaml.safe_load(text) or {}
+            data = _yaml_load(text) or {}
         except yaml.YAMLError:
             break
         name = data.get("base") if isinstance(data, dict) else None
@@ -363,17 +386,60 @@ def env_preset_for(preset: str | None, env_name: Any) -> str | None:
     return env_name
 
 
+def resolve_learner_autocast(value: str, device: str = "cpu") -> str:
+    """``train.learner_autocast=auto`` -> ``bf16_backward`` for a learner on a CPU that computes bf16 in hardware
+    (AVX512_BF16 / AMX: the backward's GEMMs 1.5-2x fp32 there, docs/benchmarks.md), ``off`` elsewhere: CPUs that
+    emulate bf16, and CUDA (unmeasured there; ``train.learner_autocast=bf16_backward`` asks for it). Other values
+    pass through. ``device``: ``train.device`` (``auto`` is resolved here too)."""
+    if value != "auto":
+        return value
+    from interq.machine import bf16_native, resolve_device
+
+    try:
+        dev = resolve_device(device, "train.device")
+    except ValueError:  # validate() names the field
+        return "off"
+    return "bf16_backward" if dev.type == "cpu" and bf16_native(dev) else "off"
+
+
+def resolve_learner_attention(value: str, device: str = "cpu") -> str:
+    """``train.learner_attention=auto`` -> ``kernel`` for a CPU learner where interq's CPU kernels load (built
+    once per machine, :mod:`interq.quant.kernels`; ``INTERQ_CPU_KERNELS=0`` turns them off), ``sdpa`` elsewhere
+    (CUDA, no C++ compiler). Other values pass through."""
+    if value != "auto":
+        return value
+    from interq.machine import resolve_device
+
+    try:
+        dev = resolve_device(device, "train.device")
+    except ValueError:  # validate() names the field
+        return "sdpa"
+    if dev.type != "cpu":
+        return "sdpa"
+    from interq.quant import kernels
+
+    return "kernel" if kernels.load() is not None else "sdpa"
+
+
 def resolve_auto(cfg: "RunConfig") -> "RunConfig":
-    """``env.action_format=auto`` / ``env.prompt=auto`` -> concrete values by the policy: a pretrained chat model
-    (``model.source`` not ``tiny``) writes the action text in ``<action>`` tags under verl-agent's prompt; the tiny
-    policy answers with an action's number under the compact prompt (it cannot yet copy action text)."""
+    """``auto`` values -> concrete ones, so that a run's stored config says what ran:
+
+    * ``env.action_format`` / ``env.prompt``, by the policy: a pretrained chat model (``model.source`` not
+      ``tiny``) writes the action text in ``<action>`` tags under verl-agent's prompt; the tiny policy answers with
+      an action's number under the compact prompt (it cannot yet copy action text);
+    * ``train.learner_autocast`` and ``train.learner_attention``, by the machine (:func:`resolve_learner_autocast`,
+      :func:`resolve_learner_attention`): a run resumed on a machine that resolves them otherwise is refused, naming
+      the field (its numbers would change)."""
     pretrained = cfg.model.source != "tiny"
-    e = cfg.env
+    e, t = cfg.env, cfg.train
     fmt = ("text" if pretrained else "index") if e.action_format == "auto" else e.action_format
     prompt = ("verl_agent" if pretrained else "compact") if e.prompt == "auto" else e.prompt
-    if (fmt, prompt) == (e.action_format, e.prompt):
-        return cfg
-    return replace(cfg, env=replace(e, action_format=fmt, prompt=prompt))
+    if (fmt, prompt) != (e.action_format, e.prompt):
+        cfg = replace(cfg, env=replace(e, action_format=fmt, prompt=prompt))
+    if "auto" in (t.learner_autocast, t.learner_attention):
+        cfg = replace(cfg, train=replace(t, learner_autocast=resolve_learner_autocast(t.learner_autocast, t.device),
+                                         learner_attention=resolve_learner_attention(t.learner_attention, t.device)))
+    return cfg
 
 
 def build_config(preset: str | None = None, overrides: list[str] | None = None, extra: dict | None = None) -> RunConfig:
@@ -402,7 +468,7 @@ def save_config(cfg: RunConfig, path: str | Path) -> None:
 
 
 def load_config(path: str | Path) -> RunConfig:
-    cfg = resolve_auto(from_dict(RunConfig, yaml.safe_load(Path(path).read_text())))
+    cfg = resolve_auto(from_dict(RunConfig, _yaml_load(Path(path).read_text())))
     validate(cfg)
     return cfg
 
@@ -575,6 +641,10 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("train.learner_gemm='onednn' is not accepted with train.learner_autocast='bf16' (autocast "
                           "runs the forward's GEMMs in bf16, torch's oneDNN ones already); choose train.learner_gemm="
                           "'torch', or train.learner_autocast='off' or 'bf16_backward'")
+    _one_of("train.learner_attention", t.learner_attention, LEARNER_ATTENTIONS)
+    if t.learner_attention == "kernel" and t.device == "cuda":
+        raise ConfigError("train.learner_attention='kernel' is for the CPU; with train.device='cuda' choose "
+                          "train.learner_attention='sdpa' or 'auto'")
     if t.learner_gemm == "onednn" and t.device == "cuda":
         raise ConfigError("train.learner_gemm='onednn' is for the CPU; with train.device='cuda' choose "
                           "train.learner_gemm='torch'")
@@ -603,6 +673,6 @@ def describe(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, An
 __all__ = [
     "ARMS", "AlgoConfig", "ConfigError", "NonFiniteTrainingError", "EnvConfig", "ModelConfig", "OptimConfig", "RolloutConfig",
     "RunConfig", "TrainConfig", "WarmStartConfig", "build_config", "describe", "env_preset_for", "from_dict",
-    "load_config", "load_preset", "parse_overrides", "preset_names", "replace", "resolve_auto", "save_config", "to_dict", "validate",
+    "load_config", "load_preset", "parse_overrides", "preset_names", "replace", "resolve_auto", "resolve_learner_attention", "resolve_learner_autocast", "save_config", "to_dict", "validate",
     "with_overrides",
 ]

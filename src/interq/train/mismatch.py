@@ -5,7 +5,8 @@ Given a policy, an environment and an executor configuration (the preset's ``rol
 1. plays episodes with the executor exactly as training steps 1, 2, ... would sample them (``rl.step_tasks``,
    ``rl.rollout``: the same tasks, seeds and batching), and lays them out with ``rl.build_batch``;
 2. recomputes the learner's log-probs on those exact tokens with the trainer's proximal pass
-   (``rl.proximal_logprobs``, with the run's ``train.learner_autocast`` and ``train.learner_gemm``): the plain
+   (``rl.proximal_logprobs``, with the run's ``train.learner_autocast``, ``train.learner_gemm`` and
+   ``train.learner_attention``): the plain
    learner (``model.dtype``) and, for a ``w8a8`` executor, the aligned (quantized-like, ``interq.quant.aligned``)
    learner;
 3. reads the profile off the trainer's own functions: ``interq.algo.corrections.compute_correction("interq", ...)``
@@ -169,7 +170,8 @@ def mismatch_profile(model, tokenizer, cfg: RunConfig, tasks, *, episodes: int =
     for name in variants:
         tl = time.perf_counter()
         proximal = rl.proximal_logprobs(model, batch, cfg.train.tokens_per_microbatch, name == "aligned",
-                                        executor.qcfg, cfg.train.learner_autocast, cfg.train.learner_gemm)  # [B, L]
+                                        executor.qcfg, cfg.train.learner_autocast, cfg.train.learner_gemm,
+                                        cfg.train.learner_attention)  # [B, L]
         m = profile_metrics(proximal, batch, cfg, budget)
         learners[name] = {**summarize_metrics(m), "metrics": m}
         learner_s[name] = time.perf_counter() - tl

@@ -34,9 +34,9 @@ from typing import Any
 import yaml
 
 from interq.train.atomic import write_text_atomic as _write_atomic
-from interq.train.config import ConfigError, RunConfig, to_dict
+from interq.train.config import ConfigError, RunConfig, resolve_auto, to_dict
 
-NUMERICS_VERSION = 3
+NUMERICS_VERSION = 4
 """Bump when a change alters the numbers a run produces (engine, sampling, quantization, corrections, loss,
 advantages, environments, demos, tokenizer training, warm start, a config default): every warm start and run
 stored under another version then refuses to be reused (``--report-only`` still reads them, saying so).
@@ -50,9 +50,17 @@ stored under another version then refuses to be reused (``--report-only`` still 
 * 3: the learner's forward over right-padded rows runs causal attention without the padding mask
   (:func:`interq.rollout.trajectory.model_attention_mask`): log-probs, ratios and corrections bit for bit the same,
   gradients changed by float rounding (torch's causal flash backward sums its blocks in another order).
+* 4: the learner's defaults are ``auto``, resolved by the machine when the config is built (a run's config.yaml
+  records what they resolved to): ``train.learner_autocast`` is ``bf16_backward`` (the linear layers' backward
+  GEMMs in bf16, the forward fp32) on a CPU learner where bf16 is native, else ``off``; ``train.learner_attention``
+  (new) is ``kernel`` (interq's causal attention, fp32, to rounding: log-probs and gradients change) on a CPU
+  learner where interq's CPU kernels load, else ``sdpa``. Where both resolve to the old values (a CUDA learner,
+  or no bf16 and no compiler) the numbers are version 3's.
 """
 
-DEFAULT_CHANGES: dict[int, dict[str, tuple[Any, Any]]] = {2: {"rollout.attention": ("sdpa", "sdpa_packed")}}
+DEFAULT_CHANGES: dict[int, dict[str, tuple[Any, Any]]] = {2: {"rollout.attention": ("sdpa", "sdpa_packed")},
+                                                          4: {"train.learner_autocast": ("off", "auto"),
+                                                              "train.learner_attention": ("sdpa", "auto")}}
 """The config defaults each NUMERICS_VERSION changed: ``{version: {field: (default before, default from then)}}``.
 A stored result that does not record such a field ran at the default of its own version."""
 
@@ -180,7 +188,7 @@ def _resolved(cfg_dict: dict) -> dict:
 def _defaults_of(version: Any) -> dict[str, Any]:
     """The flattened config defaults under numerics ``version`` (the current ones with later changes undone; an
     unrecorded version counts as older than every change)."""
-    defaults = _flatten(_resolved(to_dict(RunConfig())))
+    defaults = _flatten(_resolved(to_dict(resolve_auto(RunConfig()))))  # auto as this machine resolves it
     version = version if isinstance(version, int) else 0
     for v in sorted(DEFAULT_CHANGES, reverse=True):
         if v > version:

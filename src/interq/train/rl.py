@@ -57,7 +57,8 @@ from pathlib import Path
 import torch
 
 from interq.agent.loop import Episode, PooledEnvs, play_episodes
-from interq.train.config import LEARNER_AUTOCASTS, LEARNER_GEMMS, AlgoConfig, NonFiniteTrainingError, RunConfig
+from interq.train.config import (LEARNER_ATTENTIONS, LEARNER_AUTOCASTS, LEARNER_GEMMS, AlgoConfig, NonFiniteTrainingError,
+                                 RunConfig, resolve_learner_attention, resolve_learner_autocast)
 
 # ---------------------------------------------------------------------------------------------- advantages
 
@@ -189,8 +190,9 @@ class Learner:
 
     def context(self):
         """The learner's forward context (aligned forward, autocast): :func:`learner_context`."""
-        return learner_context(self.model, self.cfg.algo.align, self.qcfg, self.cfg.train.learner_autocast,
-                               self.cfg.train.learner_gemm)
+        t = self.cfg.train
+        return learner_context(self.model, self.cfg.algo.align, self.qcfg, t.learner_autocast, t.learner_gemm,
+                               t.learner_attention)
 
     def logprobs(self, mb: dict, batch: "Batch", entered: bool = False) -> torch.Tensor:
         """Learner log-probs of the rows under the executor's sampling transform. [b, l]
@@ -198,7 +200,8 @@ class Learner:
         if entered:
             return _sequence_logprobs(self.model, mb, batch)
         t = self.cfg.train
-        return learner_logprobs(self.model, mb, batch, self.cfg.algo.align, self.qcfg, t.learner_autocast, t.learner_gemm)
+        return learner_logprobs(self.model, mb, batch, self.cfg.algo.align, self.qcfg, t.learner_autocast, t.learner_gemm,
+                                t.learner_attention)
 
 
 def enable_activation_checkpointing(model: torch.nn.Module, enable: bool = True) -> None:
@@ -216,16 +219,22 @@ def enable_activation_checkpointing(model: torch.nn.Module, enable: bool = True)
 
 
 @contextlib.contextmanager
-def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: str = "off", gemm: str = "torch"):
+def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: str = "off", gemm: str = "torch",
+                    attention: str = "sdpa"):
     """Where the learner's forward runs: the aligned (quantized-like) forward when ``align``; under
     ``torch.autocast(bf16)`` when ``autocast='bf16'``, with bf16 backward GEMMs of the linear layers when
-    ``autocast='bf16_backward'`` (``train.learner_autocast``; log-probs and gradients stay fp32); the fp32 GEMMs
-    through oneDNN when ``gemm='onednn'`` (``train.learner_gemm``, :mod:`interq.train.onednn_gemm`).
+    ``autocast='bf16_backward'`` (``train.learner_autocast``; log-probs and gradients stay fp32; ``auto`` resolved
+    by the model's device, :func:`interq.train.config.resolve_learner_autocast`); the fp32 GEMMs
+    through oneDNN when ``gemm='onednn'`` (``train.learner_gemm``, :mod:`interq.train.onednn_gemm`); the causal
+    self-attention by interq's CPU kernel when ``attention='kernel'`` (``train.learner_attention``, ``auto`` resolved
+    by the model's device, :mod:`interq.train.learner_attention`).
     The training step also runs its backward here, so that gradient checkpointing recomputes the same forward."""
     if autocast not in LEARNER_AUTOCASTS:
         raise ValueError(f"train.learner_autocast={autocast!r} is not accepted; choose one of {list(LEARNER_AUTOCASTS)}")
     if gemm not in LEARNER_GEMMS:
         raise ValueError(f"train.learner_gemm={gemm!r} is not accepted; choose one of {list(LEARNER_GEMMS)}")
+    if attention not in LEARNER_ATTENTIONS:
+        raise ValueError(f"train.learner_attention={attention!r} is not accepted; choose one of {list(LEARNER_ATTENTIONS)}")
     if align:
         from interq.quant import aligned
 
@@ -233,6 +242,7 @@ def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: st
     else:
         ctx = contextlib.nullcontext()
     dev = next(model.parameters()).device
+    autocast = resolve_learner_autocast(autocast, dev.type)  # auto: by the model's device
     if autocast == "bf16":
         cast = torch.autocast(dev.type, dtype=torch.bfloat16)
     elif autocast == "bf16_backward":
@@ -247,7 +257,10 @@ def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: st
         lib = onednn_gemm()
     else:
         lib = contextlib.nullcontext()
-    with lib, cast, ctx:  # oneDNN's F.linear outside bf16_backward's, whose forward then runs it
+    from interq.train.learner_attention import learner_attention
+
+    att = learner_attention(model, resolve_learner_attention(attention, dev.type))
+    with att, lib, cast, ctx:  # oneDNN's F.linear outside bf16_backward's, whose forward then runs it
         yield
 
 
@@ -262,15 +275,15 @@ def _sequence_logprobs(model: torch.nn.Module, mb: dict, batch: Batch) -> torch.
 
 
 def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool, qcfg=None,
-                     autocast: str = "off", gemm: str = "torch") -> torch.Tensor:
+                     autocast: str = "off", gemm: str = "torch", attention: str = "sdpa") -> torch.Tensor:
     """Log-probs of a micro-batch's rows (``_rows``) under the executor's sampling transform, inside
     :func:`learner_context`. [b, l]"""
-    with learner_context(model, align, qcfg, autocast, gemm):
+    with learner_context(model, align, qcfg, autocast, gemm, attention):
         return _sequence_logprobs(model, mb, batch)
 
 
 def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatch: int, align: bool,
-                      qcfg=None, autocast: str = "off", gemm: str = "torch") -> torch.Tensor:
+                      qcfg=None, autocast: str = "off", gemm: str = "torch", attention: str = "sdpa") -> torch.Tensor:
     """Step 4, the proximal pass: the learner's no-grad forward over the whole batch, micro-batch by
     micro-batch (also ``interq mismatch``'s learner pass). [B, L], 0 off the rows' tokens."""
     proximal = torch.zeros_like(batch.behavior_logprobs)  # [B, L]
@@ -278,7 +291,8 @@ def proximal_logprobs(model: torch.nn.Module, batch: Batch, tokens_per_microbatc
     with torch.no_grad():
         for rows in micro_batches(batch, list(range(batch.input_ids.shape[0])), tokens_per_microbatch):
             mb = _rows(batch, rows)
-            proximal[mb["idx"], : mb["width"]] = learner_logprobs(model, mb, batch, align, qcfg, autocast, gemm)
+            proximal[mb["idx"], : mb["width"]] = learner_logprobs(model, mb, batch, align, qcfg, autocast, gemm,
+                                                                         attention)
     return proximal
 
 
@@ -310,7 +324,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     weights = keep = None
     if not skip:
         proximal = proximal_logprobs(model, batch, t.tokens_per_microbatch, a.align, learner.qcfg,
-                                     t.learner_autocast, t.learner_gemm)  # [B, L]
+                                     t.learner_autocast, t.learner_gemm, t.learner_attention)  # [B, L]
         corr = compute_correction(a.correction, proximal, batch.behavior_logprobs, batch.action_mask,
                                   traj_id=batch.traj_id, turn_idx=batch.turn_idx, config=ccfg)
         weights, keep = corr.weights, corr.keep_mask  # [B, L]

@@ -13,6 +13,8 @@
 //                   (quantize, dequantize, plus the straight-through estimator's + 0), fp32
 //   int8_gemm_vnni: torch._int_mm's exact int32 accumulator from weights packed by pack_int8_vnni (AVX512-VNNI)
 //   decode_attention: NOT an eager chain's bits: one-token GQA attention in fp32 for rollout.attention=packed_kernel
+//   causal_attention_fwd / _bwd: NOT an eager chain's bits: the learner's causal GQA attention and its gradient,
+//                   fp32, for train.learner_attention=kernel (at the end of this file)
 // Compiled with -ffp-contract=off: no multiply-add may be fused into an FMA (that would change roundings).
 // Every float operation below is the one the eager chain performs, in the same order.
 
@@ -704,4 +706,281 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
     }
   });
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// causal_attention_fwd / causal_attention_bwd: NOT an eager chain's bits either: the learner's causal self-attention
+// (no mask, query length = key length, GQA), forward and backward, fp32, for train.learner_attention=kernel
+// (interq.train.learner_attention). FlashAttention-2's blocking: 64 x 64 blocks of scores that never leave the
+// cache, an online softmax in the forward (the output and each row's log-sum-exp are kept), the probabilities
+// recomputed from the log-sum-exp in the backward; blocks above the diagonal are skipped. Products of blocks run
+// in two register-tiled micro-kernels with explicit fused multiply-adds (the -ffp-contract=off above does not
+// apply to those: the rounding is the FMA's, as in any BLAS).
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
+namespace {
+
+#if defined(__AVX512F__)
+inline vf16 fma16(vf16 a, vf16 b, vf16 c) { return (vf16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+#elif defined(__FMA__)
+inline vf16 fma16(vf16 a, vf16 b, vf16 c) {
+  vf8 lo = (vf8)_mm256_fmadd_ps((__m256)__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7),
+                                (__m256)__builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7),
+                                (__m256)__builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7));
+  vf8 hi = (vf8)_mm256_fmadd_ps((__m256)__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15),
+                                (__m256)__builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15),
+                                (__m256)__builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15));
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+#else
+inline vf16 fma16(vf16 a, vf16 b, vf16 c) { return a * b + c; }
+#endif
+inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
+
+constexpr int64_t kBlk = 64;  // rows and columns of a block of scores
+
+// C[R][32] = A[R][d] . BT[d][32]: rows of A (ld lda) against 32 columns of a transposed matrix (ld ldb)
+template <int R>
+inline void mk_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t d, float* c, int64_t ldc) {
+  vf16 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = vf16{};
+  for (int64_t k = 0; k < d; ++k) {
+    const vf16 b0 = load16(bt + k * ldb), b1 = load16(bt + k * ldb + 16);
+    for (int r = 0; r < R; ++r) {
+      const vf16 av = vf16{} + a[r * lda + k];
+      acc0[r] = fma16(av, b0, acc0[r]);
+      acc1[r] = fma16(av, b1, acc1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    store16(c + r * ldc, acc0[r]);
+    store16(c + r * ldc + 16, acc1[r]);
+  }
+}
+// S[64][64] = A[64 rows, ld lda][d] . BT[d][64 columns, ld ldb]
+inline void block_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t d, float* s) {
+  for (int64_t r = 0; r < kBlk; r += 8)
+    for (int64_t c = 0; c < kBlk; c += 32) mk_nt<8>(a + r * lda, lda, bt + c, ldb, d, s + r * kBlk + c, kBlk);
+}
+
+// C[R][64] += sum_k A(r, k) B[k][64], A(r, k) = a[r * sar + k * sak] (a transposed block: sar = 1)
+template <int R>
+inline void mk_nn(const float* a, int64_t sar, int64_t sak, const float* b, int64_t ldb, int64_t kn, float* c,
+                  int64_t ldc) {
+  vf16 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = load16(c + r * ldc + 16 * v);
+  for (int64_t k = 0; k < kn; ++k) {
+    const float* bk = b + k * ldb;
+    const vf16 b0 = load16(bk), b1 = load16(bk + 16), b2 = load16(bk + 32), b3 = load16(bk + 48);
+    for (int r = 0; r < R; ++r) {
+      const vf16 av = vf16{} + a[r * sar + k * sak];
+      acc[r][0] = fma16(av, b0, acc[r][0]);
+      acc[r][1] = fma16(av, b1, acc[r][1]);
+      acc[r][2] = fma16(av, b2, acc[r][2]);
+      acc[r][3] = fma16(av, b3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) store16(c + r * ldc + 16 * v, acc[r][v]);
+}
+// C[64][d] += A(64 x 64, strides sar / sak) . B[64][d] (ld ldb), d a multiple of 64... or of 16 (below)
+inline void block_nn(const float* a, int64_t sar, int64_t sak, const float* b, int64_t ldb, int64_t d, float* c,
+                     int64_t ldc) {
+  for (int64_t c0 = 0; c0 < d; c0 += 64) {
+    int64_t r = 0;
+    for (; r + 6 <= kBlk; r += 6) mk_nn<6>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);
+    mk_nn<4>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);  // 64 = 10 x 6 + 4
+  }
+}
+
+// a head's rows into a zero-padded [lp][dp] buffer (dp: d rounded up to 64; t: [L][d] rows at stride ld)
+inline void pack_rows(const float* t, int64_t ld, int64_t l, int64_t d, int64_t lp, int64_t dp, float* out) {
+  std::memset(out, 0, sizeof(float) * lp * dp);
+  for (int64_t r = 0; r < l; ++r) std::memcpy(out + r * dp, t + r * ld, sizeof(float) * d);
+}
+// transposed: [dp][lp]
+inline void pack_cols(const float* t, int64_t ld, int64_t l, int64_t d, int64_t lp, int64_t dp, float* out) {
+  std::memset(out, 0, sizeof(float) * lp * dp);
+  for (int64_t r = 0; r < l; ++r)
+    for (int64_t j = 0; j < d; ++j) out[j * lp + r] = t[r * ld + j];
+}
+
+inline float hmax16(vf16 v) {
+  float m = v[0];
+  for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+struct HeadView {  // [L][d] rows of one head inside a 4-D tensor (last dim contiguous)
+  const float* p;
+  int64_t ld;
+};
+inline HeadView head_of(const torch::Tensor& t, int64_t b, int64_t h) {
+  return {t.data_ptr<float>() + b * t.stride(0) + h * t.stride(1), t.stride(2)};
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> causal_attention_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.device().is_cpu() &&
+                  q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+                  v.scalar_type() == torch::kFloat32,
+              "causal_attention_fwd: q [B, H, L, D], k and v [B, Hkv, L, D] must be float32 CPU tensors");
+  const int64_t b = q.size(0), h = q.size(1), l = q.size(2), d = q.size(3), hkv = k.size(1);
+  TORCH_CHECK(k.size(0) == b && v.size(0) == b && v.size(1) == hkv && k.size(2) == l && v.size(2) == l &&
+                  k.size(3) == d && v.size(3) == d && hkv >= 1 && h % hkv == 0 && d % 16 == 0 && d <= 256,
+              "causal_attention_fwd: shapes must be q [B, H, L, D], k/v [B, Hkv, L, D] with H a multiple of Hkv and D "
+              "a multiple of 16 up to 256");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "causal_attention_fwd: rows must be contiguous");
+  const int64_t g = h / hkv, lp = (l + kBlk - 1) / kBlk * kBlk, dp = (d + 63) / 64 * 64, nb = lp / kBlk;
+  auto out = torch::empty({b, l, h, d}, q.options());  // transformers' layout of an attention output
+  auto lse = torch::empty({b, h, l}, q.options());
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, b * h, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> qp(lp * dp), kt(lp * dp), vp(lp * dp), s(kBlk * kBlk), o(kBlk * dp);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t bi = p / h, hi = p % h, kh = hi / g;
+      HeadView qv = head_of(q, bi, hi), kv = head_of(k, bi, kh), vv = head_of(v, bi, kh);
+      pack_rows(qv.p, qv.ld, l, d, lp, dp, qp.data());
+      pack_cols(kv.p, kv.ld, l, d, lp, dp, kt.data());
+      pack_rows(vv.p, vv.ld, l, d, lp, dp, vp.data());
+      for (int64_t i = 0; i < nb; ++i) {
+        const int64_t r0 = i * kBlk;
+        float m[kBlk], sum[kBlk];
+        for (int64_t r = 0; r < kBlk; ++r) m[r] = -INFINITY, sum[r] = 0.f;
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int64_t j = 0; j <= i; ++j) {
+          const int64_t c0 = j * kBlk;
+          block_nt(qp.data() + r0 * dp, dp, kt.data() + c0, lp, dp, s.data());
+          for (int64_t r = 0; r < kBlk; ++r) {
+            float* sr = s.data() + r * kBlk;
+            const int64_t lim = r0 + r - c0;  // columns c <= lim are visible (causal)
+            vf16 x[4];
+            vf16 mx = vf16{} - INFINITY;
+            for (int t = 0; t < 4; ++t) {
+              x[t] = load16(sr + 16 * t) * sc;
+              if (j == i)
+                for (int u = 0; u < 16; ++u)
+                  if (16 * t + u > lim) x[t][u] = -INFINITY;
+              mx = x[t] > mx ? x[t] : mx;
+            }
+            const float mnew = std::max(m[r], hmax16(mx));
+            const float alpha = m[r] == -INFINITY ? 0.f : std::exp(m[r] - mnew);
+            vf16 tot = vf16{};
+            for (int t = 0; t < 4; ++t) {
+              const vf16 pv = exp16(x[t] - mnew);
+              store16(sr + 16 * t, pv);
+              tot = tot + pv;
+            }
+            sum[r] = sum[r] * alpha + hsum16(tot);
+            m[r] = mnew;
+            if (alpha != 1.f) {
+              float* orow = o.data() + r * dp;
+              for (int64_t c = 0; c < dp; c += 16) store16(orow + c, load16(orow + c) * alpha);
+            }
+          }
+          block_nn(s.data(), kBlk, 1, vp.data() + c0 * dp, dp, dp, o.data(), dp);
+        }
+        for (int64_t r = 0; r < kBlk && r0 + r < l; ++r) {
+          float* dst = out.data_ptr<float>() + ((bi * l + r0 + r) * h + hi) * d;
+          const float* orow = o.data() + r * dp;
+          for (int64_t c = 0; c < d; ++c) dst[c] = orow[c] / sum[r];
+          lse.data_ptr<float>()[(bi * h + hi) * l + r0 + r] = m[r] + std::log(sum[r]);
+        }
+      }
+    }
+  });
+  return {out, lse};
+}
+
+std::vector<torch::Tensor> causal_attention_bwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor out,
+                                                torch::Tensor lse, torch::Tensor dout, double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && out.scalar_type() == torch::kFloat32 &&
+                  dout.scalar_type() == torch::kFloat32 && lse.scalar_type() == torch::kFloat32,
+              "causal_attention_bwd: float32 tensors expected");
+  const int64_t b = q.size(0), h = q.size(1), l = q.size(2), d = q.size(3), hkv = k.size(1);
+  const int64_t g = h / hkv, lp = (l + kBlk - 1) / kBlk * kBlk, dp = (d + 63) / 64 * 64, nb = lp / kBlk;
+  TORCH_CHECK(out.is_contiguous() && dout.is_contiguous() && lse.is_contiguous() && out.sizes() == dout.sizes() &&
+                  out.size(0) == b && out.size(1) == l && out.size(2) == h && out.size(3) == d,
+              "causal_attention_bwd: out and dout must be contiguous [B, L, H, D], lse [B, H, L]");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "causal_attention_bwd: rows must be contiguous");
+  auto dq = torch::empty({b, h, l, d}, q.options());
+  auto dk = torch::empty({b, hkv, l, d}, q.options());
+  auto dv = torch::empty({b, hkv, l, d}, q.options());
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, b * hkv, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> qp(g * lp * dp), dop(g * lp * dp), dqa(g * lp * dp), dsum(g * lp), lsep(g * lp);
+    std::vector<float> kt(lp * dp), vt(lp * dp), kp(lp * dp), pb(kBlk * kBlk), ds(kBlk * kBlk), dkj(kBlk * dp),
+        dvj(kBlk * dp);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t bi = p / hkv, kh = p % hkv;
+      HeadView kv = head_of(k, bi, kh), vv = head_of(v, bi, kh);
+      pack_cols(kv.p, kv.ld, l, d, lp, dp, kt.data());
+      pack_cols(vv.p, vv.ld, l, d, lp, dp, vt.data());
+      pack_rows(kv.p, kv.ld, l, d, lp, dp, kp.data());
+      for (int64_t a = 0; a < g; ++a) {
+        const int64_t hi = kh * g + a;
+        HeadView qv = head_of(q, bi, hi);
+        pack_rows(qv.p, qv.ld, l, d, lp, dp, qp.data() + a * lp * dp);
+        pack_rows(dout.data_ptr<float>() + (bi * l * h + hi) * d, h * d, l, d, lp, dp, dop.data() + a * lp * dp);
+        const float* orows = out.data_ptr<float>() + (bi * l * h + hi) * d;
+        for (int64_t r = 0; r < lp; ++r) {  // D_r = rowsum(dO * O); padded rows: lse +inf (P = 0)
+          float acc = 0.f;
+          if (r < l)
+            for (int64_t c = 0; c < d; ++c) acc += dop[(a * lp + r) * dp + c] * orows[r * h * d + c];
+          dsum[a * lp + r] = acc;
+          lsep[a * lp + r] = r < l ? lse.data_ptr<float>()[(bi * h + hi) * l + r] : INFINITY;
+        }
+      }
+      std::fill(dqa.begin(), dqa.end(), 0.f);
+      for (int64_t j = 0; j < nb; ++j) {
+        const int64_t c0 = j * kBlk;
+        std::fill(dkj.begin(), dkj.end(), 0.f);
+        std::fill(dvj.begin(), dvj.end(), 0.f);
+        for (int64_t a = 0; a < g; ++a) {
+          const float* qa = qp.data() + a * lp * dp;
+          const float* doa = dop.data() + a * lp * dp;
+          for (int64_t i = j; i < nb; ++i) {
+            const int64_t r0 = i * kBlk;
+            block_nt(qa + r0 * dp, dp, kt.data() + c0, lp, dp, pb.data());  // scores
+            block_nt(doa + r0 * dp, dp, vt.data() + c0, lp, dp, ds.data());  // dP = dO V^T
+            for (int64_t r = 0; r < kBlk; ++r) {
+              float* pr = pb.data() + r * kBlk;
+              float* dr = ds.data() + r * kBlk;
+              const float ls = lsep[a * lp + r0 + r], dd = dsum[a * lp + r0 + r];
+              const int64_t lim = r0 + r - c0;
+              for (int t = 0; t < 4; ++t) {
+                vf16 x = load16(pr + 16 * t) * sc - ls;
+                if (i == j)
+                  for (int u = 0; u < 16; ++u)
+                    if (16 * t + u > lim) x[u] = -INFINITY;
+                const vf16 pv = exp16(x);
+                store16(pr + 16 * t, pv);
+                store16(dr + 16 * t, pv * (load16(dr + 16 * t) - dd));  // dS = P (dP - D)
+              }
+            }
+            block_nn(pb.data(), 1, kBlk, doa + r0 * dp, dp, dp, dvj.data(), dp);                  // dV += P^T dO
+            block_nn(ds.data(), kBlk, 1, kp.data() + c0 * dp, dp, dp, dqa.data() + (a * lp + r0) * dp, dp);  // dQ += dS K
+            block_nn(ds.data(), 1, kBlk, qa + r0 * dp, dp, dp, dkj.data(), dp);                   // dK += dS^T Q
+          }
+        }
+        for (int64_t c = 0; c < kBlk && c0 + c < l; ++c) {
+          float* dkr = dk.data_ptr<float>() + ((bi * hkv + kh) * l + c0 + c) * d;
+          float* dvr = dv.data_ptr<float>() + ((bi * hkv + kh) * l + c0 + c) * d;
+          for (int64_t e = 0; e < d; ++e) {
+            dkr[e] = dkj[c * dp + e] * sc;
+            dvr[e] = dvj[c * dp + e];
+          }
+        }
+      }
+      for (int64_t a = 0; a < g; ++a) {
+        float* dqr = dq.data_ptr<float>() + (bi * h + kh * g + a) * l * d;
+        for (int64_t r = 0; r < l; ++r)
+          for (int64_t e = 0; e < d; ++e) dqr[r * d + e] = dqa[(a * lp + r) * dp + e] * sc;
+      }
+    }
+  });
+  return {dq, dk, dv};
 }
