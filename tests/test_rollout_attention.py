@@ -209,16 +209,25 @@ def test_packed_kernel_attention_is_the_packed_one_to_rounding_and_falls_back_wh
         assert torch.equal(packed_kernel_attention(_Attn(), q, k, v, mask, scaling=0.125)[0], packed)
     finally:
         kernels.set_enabled(True)
-    prefill = torch.randn(4, 9, 5, 64, dtype=torch.bfloat16)  # more than one token: sdpa_packed's
+    prefill = torch.randn(4, 9, 5, 64, dtype=torch.bfloat16)  # more than one token, a mask: the prefill kernel
     pmask = torch.ones(4, 1, 5, 500, dtype=torch.bool)
-    assert torch.equal(packed_kernel_attention(_Attn(), prefill, k, v, pmask, scaling=0.125)[0],
-                       sdpa_packed_attention(_Attn(), prefill, k, v, pmask, scaling=0.125)[0])
+    pmask[1, ..., :20] = False
+    ours = packed_kernel_attention(_Attn(), prefill, k, v, pmask, scaling=0.125)[0]
+    packed = sdpa_packed_attention(_Attn(), prefill, k, v, pmask, scaling=0.125)[0]
+    assert ours.shape == packed.shape == (4, 5, 9, 64) and ours.is_contiguous()
+    torch.testing.assert_close(ours, packed, rtol=2e-2, atol=2e-2)
+    assert not torch.equal(ours, packed)
+    for other in (None, pmask.expand(4, 9, 5, 500)):  # no mask (a causal prefill), per-head masks: sdpa_packed's
+        assert torch.equal(packed_kernel_attention(_Attn(), prefill[..., :5, :], k[:, :, :5], v[:, :, :5], other
+                                                   if other is None else other[..., :5], scaling=0.125)[0],
+                           sdpa_packed_attention(_Attn(), prefill[..., :5, :], k[:, :, :5], v[:, :, :5], other
+                                                 if other is None else other[..., :5], scaling=0.125)[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_model_with_packed_kernel_prefills_the_same_and_decodes_to_rounding(dtype):
-    """A GQA model's prefill logits are sdpa_packed's bit for bit; teacher-forced decode logits agree to rounding,
-    also in a padded batch whose rows have different lengths (rows left-padded by the engine's masks)."""
+    """A GQA model's prefill and teacher-forced decode logits agree with sdpa_packed's to rounding, also in a padded
+    batch whose rows have different lengths (rows left-padded by the engine's masks)."""
     from transformers import DynamicCache
 
     _decode_kernel()
@@ -242,10 +251,57 @@ def test_model_with_packed_kernel_prefills_the_same_and_decodes_to_rounding(dtyp
                 am = torch.cat([am, torch.ones(3, 1, dtype=torch.long)], 1)
                 dec.append(m(input_ids=steps[:, t:t + 1], attention_mask=am, cache=cache, use_cache=True).logits)
             outs.append((first, torch.cat(dec, 1)))
-    assert torch.equal(outs[0][0], outs[1][0])
+    real = mask.bool()[:, :, None].expand(-1, -1, outs[0][0].shape[-1])  # [B, L, V]: padding positions' logits aside
+    torch.testing.assert_close(outs[1][0][real], outs[0][0][real], **tol)
     torch.testing.assert_close(outs[1][1], outs[0][1], **tol)
-    assert not torch.equal(outs[1][1], outs[0][1])  # the kernel did run the decode
+    assert not torch.equal(outs[1][0], outs[0][0]) and not torch.equal(outs[1][1], outs[0][1])  # the kernels ran
 
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("g,d", [(3, 64), (1, 16), (2, 128)])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "shared"])
+def test_prefill_kernel_is_as_close_to_float64_as_torchs_flash_kernel(dtype, g, d, mask_kind):
+    """The masked prefill kernel (several new tokens over a cache) against float64 on a rollout's masks: rows
+    left-padded by different amounts, causal over the new tokens, K/V prefix views of a larger buffer, query lengths
+    across block edges; a query row with nothing to attend (a padding token) gives 0, as torch's kernel."""
+    mod = _decode_kernel()
+    gen = torch.Generator().manual_seed(g * 100 + d)
+    b, hkv, past, n = 3, 2, 70, 67
+    k_len = past + n
+    q = (torch.randn(b, hkv * g, n, d, generator=gen) * 2).to(dtype)
+    buf_k = torch.randn(b, hkv, 200, d, generator=gen).to(dtype)
+    buf_v = torch.randn(b, hkv, 200, d, generator=gen).to(dtype)
+    k, v = buf_k[:, :, :k_len], buf_v[:, :, :k_len]
+    col, row = torch.arange(k_len), torch.arange(n)[:, None] + past
+    pad = torch.tensor([0, 30, 90])[:, None, None, None]  # row 2's first new tokens are padding too
+    keep = (col[None, None, None, :] <= row[None, None]) & (col[None, None, None, :] >= pad)  # [B, 1, n, K]
+    mask = {"bool": keep, "additive": torch.zeros(b, 1, n, k_len).masked_fill(~keep, float("-inf")).to(dtype),
+            "shared": keep[1:2]}[mask_kind]
+    scale = d ** -0.5
+    out = mod.masked_attention(q, k, v, mask, scale)  # [B, n, H, D]
+    assert out.shape == (b, n, hkv * g, d) and out.dtype == dtype
+    m64 = mask if mask.dtype == torch.bool else mask.double()
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=m64, scale=scale,
+                                         enable_gqa=True).transpose(1, 2)
+    empty = ~(mask if mask.dtype == torch.bool else mask > float("-inf")).any(-1)  # [B|1, 1, n]: nothing to attend
+    ref = ref.masked_fill(empty.expand(b, 1, n).transpose(1, 2)[..., None], 0.0)  # as torch's CPU flash kernel
+    flash = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True).transpose(1, 2)
+    err, err_flash = (out.double() - ref).abs().max().item(), (flash.double() - ref).abs().max().item()
+    assert err <= 1.5 * err_flash + (1e-6 if dtype == torch.float32 else 1e-3), (err, err_flash)
+    if mask_kind == "bool":
+        assert bool(empty.any()) and float(out[2, :5].abs().max()) == 0.0  # padding query rows: 0
+
+
+def test_prefill_kernel_refuses_bad_inputs_with_the_argument_named():
+    mod = _decode_kernel()
+    q, kv = torch.randn(2, 3, 4, 64), torch.randn(2, 3, 10, 64)
+    mask = torch.ones(2, 1, 4, 10, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="D a multiple of 16"):
+        mod.masked_attention(q[..., :40], kv[..., :40], kv[..., :40], mask, 0.1)
+    with pytest.raises(RuntimeError, match="share one dtype"):
+        mod.masked_attention(q.bfloat16(), kv, kv, mask, 0.1)
+    with pytest.raises(RuntimeError, match=r"mask must be \[B\|1, 1, Lq, Lk\]"):
+        mod.masked_attention(q, kv, kv, torch.ones(2, 3, 4, 10, dtype=torch.bool), 0.1)
 
 def test_build_executor_takes_packed_kernel():
     from interq.train.build import build_executor

@@ -20,7 +20,12 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   are built without it and that GEMM runs on one thread, which :func:`status` says)
 - ``decode_attention(q, k, v, mask, scale)``: one-token attention of the packed query heads of each KV head, fp32
   inside (``rollout.attention=packed_kernel``, :mod:`interq.rollout.attention`): NOT the same bits as torch's flash
-  kernel (an opt-in computation of its own, to rounding; every other kernel here is bit for bit its eager chain)
+  kernel (an opt-in computation of its own, to rounding; the two below are the others; every other kernel here is
+  bit for bit its eager chain)
+- ``masked_attention(q, k, v, mask, scale)``: the rollout's masked prefill attention (several new tokens over the
+  cache), fp32 inside, for ``rollout.attention=packed_kernel``: to rounding, like ``decode_attention``
+- ``causal_attention_fwd(q, k, v, scale)`` / ``causal_attention_bwd(...)``: the learner's causal self-attention and
+  its gradient in fp32 (``train.learner_attention=kernel``, :mod:`interq.train.learner_attention`): to rounding
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
 minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -c 'from interq.quant import kernels;
@@ -29,7 +34,8 @@ the source, the torch version, the CPU's instruction-set flags (``-march=native`
 CPU it was not made for) and the virtual environment. Where it cannot be built (no compiler) the executor keeps
 the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. Builds that no process
 has loaded for 30 days are removed when another one loads (:func:`prune`). They never change a
-number, only the time (``decode_attention`` aside: it runs only where ``rollout.attention=packed_kernel`` asks).
+number, only the time (the attention kernels aside: they run where ``rollout.attention=packed_kernel`` or
+``train.learner_attention=kernel`` asks, the latter the default where the kernels build).
 """
 
 from __future__ import annotations
@@ -138,7 +144,7 @@ def _build(openmp: bool, verbose: bool):
                              functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
                                         "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
                                         "pack_int8_vnni", "int8_gemm_vnni", "decode_attention",
-                                        "causal_attention_fwd", "causal_attention_bwd"],
+                                        "causal_attention_fwd", "causal_attention_bwd", "masked_attention"],
                              extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
                              build_directory=str(build_dir), verbose=verbose)
 

@@ -18,15 +18,18 @@ values equal transformers' packed path (its ragged-batch path) bit for bit; agai
 rollout's default (``interq.train.build``); ``rollout.attention=sdpa`` keeps transformers' choice, the numerics of
 the study's recorded runs (NUMERICS_VERSION 1). The learner is never given it.
 
-``packed_kernel`` (opt-in) is ``sdpa_packed`` with the single-token decode attention computed by interq's CPU kernel
-(``interq.quant.kernels``' ``decode_attention``): each cached K and V row read once for the query heads of its KV
-head, scores, softmax and the weighted sum of values in fp32. Torch's flash kernel runs these one-token problems as
-small blocks through GEMM calls: at SmolLM2's shapes (16 rows, 1 thread) the kernel takes 0.19 / 0.79 / 1.70 ms per
-layer against 0.47 / 2.03 / 5.43 at 256 / 1,024 / 2,048 cached tokens, with the error of an fp32 computation against
-float64 (flash's or less; docs/benchmarks.md "thirteenth session"). Not the same bits as ``sdpa_packed``'s decode
-(rounding), so not the default; prefill is ``sdpa_packed``'s. Where the kernel cannot take a call (kernels not
-built or turned off, another device or dtype, a head size not a multiple of 16, more than 16 query heads per KV
-head, per-head masks, soft-capping) it is ``sdpa_packed``'s.
+``packed_kernel`` (opt-in) is ``sdpa_packed`` with the attention computed by interq's CPU kernels
+(``interq.quant.kernels``). A single-token decode by ``decode_attention``: each cached K and V row read once for the
+query heads of its KV head, scores, softmax and the weighted sum of values in fp32. Torch's flash kernel runs these
+one-token problems as small blocks through GEMM calls: at SmolLM2's shapes (16 rows, 1 thread) the kernel takes
+0.19 / 0.79 / 1.70 ms per layer against 0.47 / 2.03 / 5.43 at 256 / 1,024 / 2,048 cached tokens, with the error of
+an fp32 computation against float64 (flash's or less; docs/benchmarks.md "thirteenth session"). A masked prefill
+(several new tokens over the cache) by ``masked_attention``: the blocking of the learner's causal kernel
+(:mod:`interq.train.learner_attention`) on fp32 copies of the bf16 K/V, blocks the mask hides skipped, a query row
+with nothing to attend 0 (as torch's). Not the same bits as ``sdpa_packed`` (rounding), so not the default. Where a
+kernel cannot take a call (kernels not built or turned off, another device or dtype, a head size not a multiple of
+16, more than 16 query heads per KV head in decode, per-head masks, an unmasked prefill, soft-capping) it is
+``sdpa_packed``'s.
 """
 
 from __future__ import annotations
@@ -93,12 +96,41 @@ def _decode_kernel(query, key, value, attention_mask, groups: int, special: bool
     return mod if takes else None
 
 
+def _prefill_kernel(query, key, value, attention_mask, special: bool):
+    """The compiled kernels' module when its ``masked_attention`` can take this call (several query tokens, a
+    mask shared by the heads), else None."""
+    from interq.quant import kernels
+
+    mod = kernels.get()
+    m = attention_mask
+    if mod is None or not hasattr(mod, "masked_attention") or special or query.shape[2] < 2 or m is None:
+        return None
+    if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if not (query.dtype == key.dtype == value.dtype) or any(t.stride(-1) != 1 for t in (query, key, value)):
+        return None
+    h, hkv, d = query.shape[1], key.shape[1], query.shape[-1]
+    if d % 16 or d > 256 or value.shape[-1] != d or h % hkv:
+        return None
+    takes = (m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == query.shape[2] and m.shape[3] == key.shape[2]
+             and m.shape[0] in (1, query.shape[0]) and (m.dtype == torch.bool or m.dtype == query.dtype))
+    return mod if takes else None
+
+
 def packed_kernel_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                             is_causal=None, **kwargs):
-    """``sdpa_packed_attention`` with a single query token's attention by interq's CPU kernel (see the module
-    docstring): query [B, H, 1, D], key/value [B, H_kv, K, D] -> ([B, 1, H, D], None)."""
+    """``sdpa_packed_attention`` with the attention of a single query token, and of a masked prefill, by interq's
+    CPU kernels (see the module docstring): query [B, H, q, D], key/value [B, H_kv, K, D] -> ([B, q, H, D], None)."""
     groups = getattr(module, "num_key_value_groups", 1)
-    mod = _decode_kernel(query, key, value, attention_mask, groups, _special(kwargs, dropout))
+    special = _special(kwargs, dropout)
+    if query.shape[2] > 1:
+        mod = _prefill_kernel(query, key, value, attention_mask, special)
+        if mod is None:
+            return sdpa_packed_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                         is_causal=is_causal, **kwargs)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return mod.masked_attention(query, key, value, attention_mask, float(scale)), None  # [B, q, H, D]
+    mod = _decode_kernel(query, key, value, attention_mask, groups, special)
     if mod is None:
         return sdpa_packed_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                      is_causal=is_causal, **kwargs)

@@ -15,6 +15,8 @@
 //   decode_attention: NOT an eager chain's bits: one-token GQA attention in fp32 for rollout.attention=packed_kernel
 //   causal_attention_fwd / _bwd: NOT an eager chain's bits: the learner's causal GQA attention and its gradient,
 //                   fp32, for train.learner_attention=kernel (at the end of this file)
+//   masked_attention: NOT an eager chain's bits: the rollout's masked prefill attention, fp32 inside, for
+//                   rollout.attention=packed_kernel (at the end of this file)
 // Compiled with -ffp-contract=off: no multiply-add may be fused into an FMA (that would change roundings).
 // Every float operation below is the one the eager chain performs, in the same order.
 
@@ -795,16 +797,19 @@ inline void block_nn(const float* a, int64_t sar, int64_t sak, const float* b, i
   }
 }
 
-// a head's rows into a zero-padded [lp][dp] buffer (dp: d rounded up to 64; t: [L][d] rows at stride ld)
-inline void pack_rows(const float* t, int64_t ld, int64_t l, int64_t d, int64_t lp, int64_t dp, float* out) {
-  std::memset(out, 0, sizeof(float) * lp * dp);
-  for (int64_t r = 0; r < l; ++r) std::memcpy(out + r * dp, t + r * ld, sizeof(float) * d);
-}
-// transposed: [dp][lp]
-inline void pack_cols(const float* t, int64_t ld, int64_t l, int64_t d, int64_t lp, int64_t dp, float* out) {
+// a head's rows into a zero-padded fp32 [lp][dp] buffer (dp: d rounded up to 64; t: [L][d] rows at stride ld)
+template <typename T>
+inline void pack_rows(const T* t, int64_t ld, int64_t l, int64_t d, int64_t lp, int64_t dp, float* out) {
   std::memset(out, 0, sizeof(float) * lp * dp);
   for (int64_t r = 0; r < l; ++r)
-    for (int64_t j = 0; j < d; ++j) out[j * lp + r] = t[r * ld + j];
+    for (int64_t j = 0; j < d; ++j) out[r * dp + j] = load_f(t[r * ld + j]);
+}
+// transposed: [dp][lp]
+template <typename T>
+inline void pack_cols(const T* t, int64_t ld, int64_t l, int64_t d, int64_t lp, int64_t dp, float* out) {
+  std::memset(out, 0, sizeof(float) * lp * dp);
+  for (int64_t r = 0; r < l; ++r)
+    for (int64_t j = 0; j < d; ++j) out[j * lp + r] = load_f(t[r * ld + j]);
 }
 
 inline float hmax16(vf16 v) {
@@ -983,4 +988,131 @@ std::vector<torch::Tensor> causal_attention_bwd(torch::Tensor q, torch::Tensor k
     }
   });
   return {dq, dk, dv};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// masked_attention: NOT an eager chain's bits: the rollout's prefill attention (several new query tokens over the
+// KV cache, an explicit mask: left padding and causality), forward only, for rollout.attention=packed_kernel
+// (interq.rollout.attention). The learner kernel's blocking and micro-kernels over fp32 copies of bf16 or fp32
+// inputs; blocks the mask hides entirely are skipped; a row with nothing to attend gives 0 (as torch's CPU flash
+// kernel). Output in the inputs' dtype.
+namespace {
+
+template <typename T>
+void masked_attention_kv(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const bool* mb,
+                         const float* mf, int64_t ms_b, float sc, int64_t bi, int64_t kh, int64_t g, float* qp,
+                         float* kt, float* vp, float* s, float* o, T* out) {
+  const int64_t h = q.size(1), lq = q.size(2), d = q.size(3), lk = k.size(2);
+  const int64_t lqp = (lq + kBlk - 1) / kBlk * kBlk, lkp = (lk + kBlk - 1) / kBlk * kBlk, dp = (d + 63) / 64 * 64;
+  const T* kb = k.data_ptr<T>() + bi * k.stride(0) + kh * k.stride(1);
+  const T* vb = v.data_ptr<T>() + bi * v.stride(0) + kh * v.stride(1);
+  pack_cols(kb, k.stride(2), lk, d, lkp, dp, kt);
+  pack_rows(vb, v.stride(2), lk, d, lkp, dp, vp);
+  const bool* mbb = mb != nullptr ? mb + bi * ms_b : nullptr;  // [Lq][Lk] of this batch row
+  const float* mfb = mf != nullptr ? mf + bi * ms_b : nullptr;
+  for (int64_t a = 0; a < g; ++a) {
+    const int64_t hi = kh * g + a;
+    pack_rows(q.data_ptr<T>() + bi * q.stride(0) + hi * q.stride(1), q.stride(2), lq, d, lqp, dp, qp);
+    for (int64_t r0 = 0; r0 < lqp; r0 += kBlk) {
+      const int64_t rn = std::min(kBlk, lq - r0);  // real rows of this block
+      float m[kBlk], sum[kBlk];
+      for (int64_t r = 0; r < kBlk; ++r) m[r] = -INFINITY, sum[r] = 0.f;
+      std::fill(o, o + kBlk * dp, 0.f);
+      for (int64_t c0 = 0; c0 < lkp; c0 += kBlk) {
+        const int64_t cn = std::min(kBlk, lk - c0);
+        bool any = false;  // does the mask show anything of this block?
+        for (int64_t r = 0; r < rn && !any; ++r)
+          for (int64_t c = 0; c < cn; ++c) {
+            const int64_t at = (r0 + r) * lk + c0 + c;
+            if (mbb != nullptr ? mbb[at] : mfb[at] != -INFINITY) {
+              any = true;
+              break;
+            }
+          }
+        if (!any) continue;
+        block_nt(qp + r0 * dp, dp, kt + c0, lkp, dp, s);
+        for (int64_t r = 0; r < rn; ++r) {
+          float* sr = s + r * kBlk;
+          const int64_t row = (r0 + r) * lk + c0;
+          vf16 x[4];
+          vf16 mx = vf16{} - INFINITY;
+          for (int t = 0; t < 4; ++t) {
+            x[t] = load16(sr + 16 * t) * sc;
+            for (int u = 0; u < 16; ++u) {
+              const int64_t c = 16 * t + u;
+              if (c >= cn || (mbb != nullptr && !mbb[row + c])) x[t][u] = -INFINITY;
+              else if (mfb != nullptr) x[t][u] = x[t][u] + mfb[row + c];
+            }
+            mx = x[t] > mx ? x[t] : mx;
+          }
+          const float mnew = std::max(m[r], hmax16(mx));
+          if (mnew == -INFINITY) {  // nothing visible in this row yet: no weight from this block
+            std::fill(sr, sr + kBlk, 0.f);
+            continue;
+          }
+          const float alpha = m[r] == -INFINITY ? 0.f : std::exp(m[r] - mnew);
+          vf16 tot = vf16{};
+          for (int t = 0; t < 4; ++t) {
+            const vf16 pv = exp16(x[t] - mnew);
+            store16(sr + 16 * t, pv);
+            tot = tot + pv;
+          }
+          sum[r] = sum[r] * alpha + hsum16(tot);
+          m[r] = mnew;
+          if (alpha != 1.f) {
+            float* orow = o + r * dp;
+            for (int64_t c = 0; c < dp; c += 16) store16(orow + c, load16(orow + c) * alpha);
+          }
+        }
+        for (int64_t r = rn; r < kBlk; ++r) std::fill(s + r * kBlk, s + (r + 1) * kBlk, 0.f);
+        block_nn(s, kBlk, 1, vp + c0 * dp, dp, dp, o, dp);
+      }
+      for (int64_t r = 0; r < rn; ++r) {
+        T* dst = out + ((bi * lq + r0 + r) * h + hi) * d;
+        const float* orow = o + r * dp;
+        const float inv = sum[r] > 0.f ? 1.0f / sum[r] : 0.f;
+        for (int64_t c = 0; c < d; ++c) store_f(orow[c] * inv, dst + c);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+torch::Tensor masked_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.device().is_cpu(),
+              "masked_attention: q [B, H, Lq, D], k and v [B, Hkv, Lk, D] must be CPU tensors");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
+                  (q.scalar_type() == torch::kFloat32 || q.scalar_type() == torch::kBFloat16),
+              "masked_attention: q, k, v must share one dtype, float32 or bfloat16");
+  const int64_t b = q.size(0), h = q.size(1), lq = q.size(2), d = q.size(3), hkv = k.size(1), lk = k.size(2);
+  TORCH_CHECK(k.size(0) == b && v.size(0) == b && v.size(1) == hkv && v.size(2) == lk && k.size(3) == d &&
+                  v.size(3) == d && hkv >= 1 && h % hkv == 0 && d % 16 == 0 && d <= 256,
+              "masked_attention: k/v must be [B, Hkv, Lk, D] with H a multiple of Hkv and D a multiple of 16 up to 256");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "masked_attention: rows must be contiguous");
+  TORCH_CHECK(mask.dim() == 4 && (mask.size(0) == b || mask.size(0) == 1) && mask.size(1) == 1 && mask.size(2) == lq &&
+                  mask.size(3) == lk,
+              "masked_attention: mask must be [B|1, 1, Lq, Lk]");
+  torch::Tensor mb, mf;
+  if (mask.scalar_type() == torch::kBool) mb = mask.contiguous();
+  else mf = mask.to(torch::kFloat32).contiguous();
+  const int64_t ms_b = mask.size(0) == 1 ? 0 : lq * lk;
+  auto out = torch::empty({b, lq, h, d}, q.options());
+  const int64_t g = h / hkv, lqp = (lq + kBlk - 1) / kBlk * kBlk, lkp = (lk + kBlk - 1) / kBlk * kBlk,
+                dp = (d + 63) / 64 * 64;
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, b * hkv, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> qp(lqp * dp), kt(lkp * dp), vp(lkp * dp), s(kBlk * kBlk), o(kBlk * dp);
+    for (int64_t p = p0; p < p1; ++p) {
+      const bool* mbp = mb.defined() ? mb.data_ptr<bool>() : nullptr;
+      const float* mfp = mf.defined() ? mf.data_ptr<float>() : nullptr;
+      if (q.scalar_type() == torch::kFloat32)
+        masked_attention_kv<float>(q, k, v, mbp, mfp, ms_b, sc, p / hkv, p % hkv, g, qp.data(), kt.data(), vp.data(),
+                                   s.data(), o.data(), out.data_ptr<float>());
+      else
+        masked_attention_kv<c10::BFloat16>(q, k, v, mbp, mfp, ms_b, sc, p / hkv, p % hkv, g, qp.data(), kt.data(),
+                                           vp.data(), s.data(), o.data(), out.data_ptr<c10::BFloat16>());
+    }
+  });
+  return out;
 }
