@@ -386,6 +386,16 @@ def env_preset_for(preset: str | None, env_name: Any) -> str | None:
     return env_name
 
 
+def _learner_on_cpu(device: str) -> bool:
+    """Whether ``train.device`` puts the learner on the CPU (False for a value naming no device: validate() says so)."""
+    from interq.machine import resolve_device
+
+    try:
+        return resolve_device(device, "train.device").type == "cpu"
+    except ValueError:
+        return False
+
+
 def resolve_learner_autocast(value: str, device: str = "cpu") -> str:
     """``train.learner_autocast=auto`` -> ``bf16_backward`` for a learner on a CPU that computes bf16 in hardware
     (AVX512_BF16 / AMX: the backward's GEMMs 1.5-2x fp32 there, docs/benchmarks.md), ``off`` elsewhere: CPUs that
@@ -393,13 +403,9 @@ def resolve_learner_autocast(value: str, device: str = "cpu") -> str:
     pass through. ``device``: ``train.device`` (``auto`` is resolved here too)."""
     if value != "auto":
         return value
-    from interq.machine import bf16_native, resolve_device
+    from interq.machine import bf16_native
 
-    try:
-        dev = resolve_device(device, "train.device")
-    except ValueError:  # validate() names the field
-        return "off"
-    return "bf16_backward" if dev.type == "cpu" and bf16_native(dev) else "off"
+    return "bf16_backward" if _learner_on_cpu(device) and bf16_native("cpu") else "off"
 
 
 def resolve_learner_attention(value: str, device: str = "cpu") -> str:
@@ -408,13 +414,7 @@ def resolve_learner_attention(value: str, device: str = "cpu") -> str:
     (CUDA, no C++ compiler). Other values pass through."""
     if value != "auto":
         return value
-    from interq.machine import resolve_device
-
-    try:
-        dev = resolve_device(device, "train.device")
-    except ValueError:  # validate() names the field
-        return "sdpa"
-    if dev.type != "cpu":
+    if not _learner_on_cpu(device):
         return "sdpa"
     from interq.quant import kernels
 

@@ -818,6 +818,30 @@ inline float hmax16(vf16 v) {
   return m;
 }
 
+// one row's step of the online softmax over a block of 64 scores: x holds the row's scaled scores (-inf where hidden);
+// the row's running maximum m and sum are updated, its output row (dp floats) rescaled, the block's probabilities
+// left in p. A row with nothing visible so far takes no weight from the block (p = 0).
+inline void online_softmax_row(const vf16 (&x)[4], float* p, float& m, float& sum, float* orow, int64_t dp) {
+  vf16 mx = x[0];
+  for (int t = 1; t < 4; ++t) mx = x[t] > mx ? x[t] : mx;
+  const float mnew = std::max(m, hmax16(mx));
+  if (mnew == -INFINITY) {
+    std::fill(p, p + kBlk, 0.f);
+    return;
+  }
+  const float alpha = m == -INFINITY ? 0.f : std::exp(m - mnew);
+  vf16 tot = vf16{};
+  for (int t = 0; t < 4; ++t) {
+    const vf16 pv = exp16(x[t] - mnew);
+    store16(p + 16 * t, pv);
+    tot = tot + pv;
+  }
+  sum = sum * alpha + hsum16(tot);
+  m = mnew;
+  if (alpha != 1.f)
+    for (int64_t c = 0; c < dp; c += 16) store16(orow + c, load16(orow + c) * alpha);
+}
+
 struct HeadView {  // [L][d] rows of one head inside a 4-D tensor (last dim contiguous)
   const float* p;
   int64_t ld;
@@ -863,28 +887,13 @@ std::vector<torch::Tensor> causal_attention_fwd(torch::Tensor q, torch::Tensor k
             float* sr = s.data() + r * kBlk;
             const int64_t lim = r0 + r - c0;  // columns c <= lim are visible (causal)
             vf16 x[4];
-            vf16 mx = vf16{} - INFINITY;
             for (int t = 0; t < 4; ++t) {
               x[t] = load16(sr + 16 * t) * sc;
               if (j == i)
                 for (int u = 0; u < 16; ++u)
                   if (16 * t + u > lim) x[t][u] = -INFINITY;
-              mx = x[t] > mx ? x[t] : mx;
             }
-            const float mnew = std::max(m[r], hmax16(mx));
-            const float alpha = m[r] == -INFINITY ? 0.f : std::exp(m[r] - mnew);
-            vf16 tot = vf16{};
-            for (int t = 0; t < 4; ++t) {
-              const vf16 pv = exp16(x[t] - mnew);
-              store16(sr + 16 * t, pv);
-              tot = tot + pv;
-            }
-            sum[r] = sum[r] * alpha + hsum16(tot);
-            m[r] = mnew;
-            if (alpha != 1.f) {
-              float* orow = o.data() + r * dp;
-              for (int64_t c = 0; c < dp; c += 16) store16(orow + c, load16(orow + c) * alpha);
-            }
+            online_softmax_row(x, sr, m[r], sum[r], o.data() + r * dp, dp);
           }
           block_nn(s.data(), kBlk, 1, vp.data() + c0 * dp, dp, dp, o.data(), dp);
         }
@@ -1035,7 +1044,6 @@ void masked_attention_kv(const torch::Tensor& q, const torch::Tensor& k, const t
           float* sr = s + r * kBlk;
           const int64_t row = (r0 + r) * lk + c0;
           vf16 x[4];
-          vf16 mx = vf16{} - INFINITY;
           for (int t = 0; t < 4; ++t) {
             x[t] = load16(sr + 16 * t) * sc;
             for (int u = 0; u < 16; ++u) {
@@ -1043,26 +1051,8 @@ void masked_attention_kv(const torch::Tensor& q, const torch::Tensor& k, const t
               if (c >= cn || (mbb != nullptr && !mbb[row + c])) x[t][u] = -INFINITY;
               else if (mfb != nullptr) x[t][u] = x[t][u] + mfb[row + c];
             }
-            mx = x[t] > mx ? x[t] : mx;
           }
-          const float mnew = std::max(m[r], hmax16(mx));
-          if (mnew == -INFINITY) {  // nothing visible in this row yet: no weight from this block
-            std::fill(sr, sr + kBlk, 0.f);
-            continue;
-          }
-          const float alpha = m[r] == -INFINITY ? 0.f : std::exp(m[r] - mnew);
-          vf16 tot = vf16{};
-          for (int t = 0; t < 4; ++t) {
-            const vf16 pv = exp16(x[t] - mnew);
-            store16(sr + 16 * t, pv);
-            tot = tot + pv;
-          }
-          sum[r] = sum[r] * alpha + hsum16(tot);
-          m[r] = mnew;
-          if (alpha != 1.f) {
-            float* orow = o + r * dp;
-            for (int64_t c = 0; c < dp; c += 16) store16(orow + c, load16(orow + c) * alpha);
-          }
+          online_softmax_row(x, sr, m[r], sum[r], o + r * dp, dp);
         }
         for (int64_t r = rn; r < kBlk; ++r) std::fill(s + r * kBlk, s + (r + 1) * kBlk, 0.f);
         block_nn(s, kBlk, 1, vp + c0 * dp, dp, dp, o, dp);
