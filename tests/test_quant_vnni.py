@@ -9,7 +9,8 @@ import torch
 from interq.quant import QuantConfig, make_executor, sync_weights
 from interq.quant import kernels
 from interq.quant.linear import (INT8_BACKENDS, VNNI_MAX_M, FusedQuantLinear, QuantExperts, QuantLinear,
-                                 int8_accumulate, resolve_int8_backend, vnni_available, vnni_pack)
+                                 amx_available, int8_accumulate, resolve_int8_backend, vnni_available,
+                                 vnni_pack)
 from interq.quant.testing import tiny_causal_lm
 
 AVAILABLE, WHY = vnni_available()
@@ -27,7 +28,8 @@ def _codes(shape, seed, extremes=True):
 def test_vnni_backend_is_validated_and_auto_prefers_it_where_available():
     assert "vnni" in INT8_BACKENDS
     if AVAILABLE:
-        assert resolve_int8_backend("auto") == "vnni" and resolve_int8_backend("vnni") == "vnni"
+        assert resolve_int8_backend("auto") == ("amx" if amx_available()[0] else "vnni")
+        assert resolve_int8_backend("vnni") == "vnni"
     else:
         with pytest.raises(ValueError, match="int8_backend='vnni' cannot run here"):
             resolve_int8_backend("vnni")

@@ -8,7 +8,10 @@
   bit-identical): on CPUs without VNNI (this project's AVX2 dev machine) ``_int_mm`` runs a slow
   reference path and this is several times faster. On CPUs with AVX512-VNNI the ``vnni`` backend computes it for
   few rows (decode, M <= ``VNNI_MAX_M``) with :mod:`interq.quant.kernels`' ``int8_gemm_vnni`` from a copy of the
-  weights packed for ``vpdpbusd``, and with ``_int_mm`` above. The backend never changes a single bit of output.
+  weights packed for ``vpdpbusd``, and with ``_int_mm`` above. On CPUs with AMX-INT8 (Intel Sapphire Rapids and
+  later) the ``amx`` backend computes it for any number of rows from the same packed weights with AMX tiles
+  (``int8_gemm_amx``: about 1.3-1.7 TOPS on one core from 64 rows up, against 0.4-0.5 for the VNNI kernel and
+  ``_int_mm``). The backend never changes a single bit of output.
 - fp8 e4m3: operands cast to e4m3 after clamping, products summed in float64 (exact for these K: order
   and batch invariant), scales applied in the same order. Hopper's FastAccum fp8 GEMM accumulates in
   reduced precision (~1e-3 relative): that is a documented tolerance, not reproduced.
@@ -26,7 +29,7 @@ from interq.quant import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig, int_qmax
 
-INT8_BACKENDS = ("auto", "int_mm", "fp32_exact", "vnni")
+INT8_BACKENDS = ("auto", "int_mm", "fp32_exact", "vnni", "amx")
 _FP32_EXACT_K = 1024  # 128 * 128 * 1024 = 2^24: every partial sum of int8 products is an exact fp32 integer
 # Rows up to which the vnni backend uses its own kernel, above them torch._int_mm: SmolLM2-135M's 30 layers of
 # q|k|v, o, gate|up and down (weights from memory, as in a decode step), Zen 5 EPYC, 2 threads: the kernel takes
@@ -45,32 +48,47 @@ def vnni_available() -> tuple[bool, str]:
     return True, "available"
 
 
+def amx_available() -> tuple[bool, str]:
+    """Whether the ``amx`` backend can run here (the CPU kernels built for a CPU with AMX-INT8, on a Linux kernel that
+    lets the process use AMX tiles), and why not."""
+    ok, why = vnni_available()
+    if not ok:
+        return ok, why
+    if not kernels.get().has_int8_gemm_amx():
+        return False, ("this CPU has no AMX-INT8, or the Linux kernel does not grant AMX tiles (the kernels' "
+                       "has_int8_gemm_amx() is false)")
+    return True, "available"
+
+
 def resolve_int8_backend(backend: str, device: torch.device | None = None) -> str:
     """``int_mm``: ``torch._int_mm``. ``fp32_exact``: the same int32 accumulator computed by an fp32 GEMM of
     the integer codes in K-chunks of <= 1024 (every product and partial sum is an integer below 2^24, so
     each chunk is exact in any summation order; chunks are summed in int32): bit-identical to
     ``_int_mm``, and fast on CPUs without VNNI, where ``_int_mm`` takes a slow reference path. ``vnni``
     (CPU): the compiled AVX512-VNNI kernel for at most ``VNNI_MAX_M`` rows, ``_int_mm`` above; bit-identical too.
-    ``auto``: ``int_mm`` on CUDA; on a CPU ``vnni`` where it is available, else ``int_mm`` where torch's
-    capability is AVX512, else ``fp32_exact``."""
+    ``amx`` (CPU): the compiled AMX-INT8 tile kernel for any number of rows (where K is a multiple of 64, else as
+    ``vnni``), from the same packed weights; bit-identical too. ``auto``: ``int_mm`` on CUDA; on a CPU ``amx`` where
+    it is available, else ``vnni``, else ``int_mm`` where torch's capability is AVX512, else ``fp32_exact``."""
     if backend not in INT8_BACKENDS:
         raise ValueError(f"int8_backend={backend!r} is not one of {INT8_BACKENDS}")
     cuda = device is not None and device.type == "cuda"
-    if backend == "vnni":
-        ok, why = (False, "it is a CPU kernel") if cuda else vnni_available()
+    if backend in ("vnni", "amx"):
+        ok, why = (False, "it is a CPU kernel") if cuda else (vnni_available() if backend == "vnni" else amx_available())
         if not ok:
-            raise ValueError(f"int8_backend='vnni' cannot run here: {why}; use one of {INT8_BACKENDS}")
+            raise ValueError(f"int8_backend={backend!r} cannot run here: {why}; use one of {INT8_BACKENDS}")
     if backend != "auto":
         return backend
     if cuda:
         return "int_mm"
+    if amx_available()[0]:
+        return "amx"
     if vnni_available()[0]:
         return "vnni"
     return "int_mm" if "AVX512" in torch.backends.cpu.get_cpu_capability() else "fp32_exact"
 
 
 def vnni_pack(wq_t: torch.Tensor) -> torch.Tensor:
-    """Weight codes [Kp, Np] int8 (or [E, Kp, Np]) -> the ``vnni`` backend's layout, uint8 [ceil(Np / 16), Kp / 4,
+    """Weight codes [Kp, Np] int8 (or [E, Kp, Np]) -> the ``vnni`` and ``amx`` backends' layout, uint8 [ceil(Np / 16), Kp / 4,
     16, 4] (or [E, ...]): each code + 128, four k of 16 columns per 64 bytes."""
     mod = kernels.get()
     if wq_t.dim() == 3:
@@ -79,16 +97,20 @@ def vnni_pack(wq_t: torch.Tensor) -> torch.Tensor:
 
 
 def int8_accumulate(q: torch.Tensor, wq_t: torch.Tensor, codes_f32: torch.Tensor | None = None,
-                    vnni: torch.Tensor | None = None) -> torch.Tensor:
+                    vnni: torch.Tensor | None = None, amx: bool = False) -> torch.Tensor:
     """The exact int32 accumulator of activation codes q int8 [M, K] and weight codes wq_t int8 [Kp, Np] (K <= Kp:
-    q is zero-padded to Kp) -> [M, Np], by the backend whose weight layout is given: ``vnni`` (packed, for
-    M <= ``VNNI_MAX_M``), ``fp32_exact`` (``codes_f32``), else ``torch._int_mm``. The same values whichever."""
+    q is zero-padded to Kp) -> [M, Np], by the backend whose weight layout is given: ``vnni`` (packed) by AMX tiles
+    where ``amx`` and Kp is a multiple of 64, else by the VNNI kernel for M <= ``VNNI_MAX_M``; ``fp32_exact``
+    (``codes_f32``); else ``torch._int_mm``. The same values whichever."""
     kp = wq_t.shape[0]
     if q.shape[1] != kp:
         q = nn.functional.pad(q, (0, kp - q.shape[1]))
     mod = kernels.get() if vnni is not None else None  # None too while the kernels are turned off: _int_mm then
-    if mod is not None and q.shape[0] <= VNNI_MAX_M and q.device.type == "cpu":
-        return mod.int8_gemm_vnni(q, vnni, wq_t.shape[1])
+    if mod is not None and q.device.type == "cpu":
+        if amx and kp % 64 == 0:
+            return mod.int8_gemm_amx(q, vnni, wq_t.shape[1])
+        if q.shape[0] <= VNNI_MAX_M:
+            return mod.int8_gemm_vnni(q, vnni, wq_t.shape[1])
     if codes_f32 is not None:
         return int_mm_fp32_exact(q, codes_f32)
     return int_mm_padded(q, wq_t)
@@ -96,12 +118,12 @@ def int8_accumulate(q: torch.Tensor, wq_t: torch.Tensor, codes_f32: torch.Tensor
 
 def register_backend_layouts(module: nn.Module, prefix: str, q: torch.Tensor, int8: bool) -> None:
     """The module's int8 backend's own copies of the weight codes ``q`` ([Kp, Np] or [E, Kp, Np]), derived, not
-    saved: ``<prefix>_codes_f32`` (fp32_exact: the codes as float32) and ``<prefix>_vnni`` (vnni: :func:`vnni_pack`),
+    saved: ``<prefix>_codes_f32`` (fp32_exact: the codes as float32) and ``<prefix>_vnni`` (vnni, amx: :func:`vnni_pack`),
     each None unless the backend (``module.int8_backend``) uses it."""
     backend = module.int8_backend
     use = int8 and backend == "fp32_exact"
     module.register_buffer(f"{prefix}_codes_f32", q.float() if use else None, persistent=False)
-    use = int8 and backend == "vnni"
+    use = int8 and backend in ("vnni", "amx")
     module.register_buffer(f"{prefix}_vnni", vnni_pack(q) if use else None, persistent=False)
 
 
@@ -217,22 +239,22 @@ def epilogue_split(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias
 
 def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int, bias: torch.Tensor | None,
                 rounding: str, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None,
-                a_bits: int = 8, vnni: torch.Tensor | None = None) -> torch.Tensor:
+                a_bits: int = 8, vnni: torch.Tensor | None = None, amx: bool = False) -> torch.Tensor:
     """x2 [M, K] float, wq_t int8 [Kp, Np] (padded, transposed), s_w fp32 [N] or [] -> [M, N] out_dtype.
-    With ``codes_f32`` (wq_t as float32) or ``vnni`` (wq_t packed by :func:`vnni_pack`) the accumulator comes from
-    that backend instead of ``torch._int_mm`` (:func:`int8_accumulate`): the same int32 values. ``a_bits`` < 8
+    With ``codes_f32`` (wq_t as float32) or ``vnni`` (wq_t packed by :func:`vnni_pack`; ``amx``: by AMX tiles) the
+    accumulator comes from that backend instead of ``torch._int_mm`` (:func:`int8_accumulate`): the same int32 values. ``a_bits`` < 8
     narrows the activation codes (still int8 tensors); narrower weight codes arrive as they are in ``wq_t``: the
     GEMM and the epilogue do not change."""
     q, s_a = quant_act_int8(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
-    return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32, vnni)
+    return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32, vnni, amx)
 
 
 def int8_gemm(q: torch.Tensor, s_a: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int,
               bias: torch.Tensor | None, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None,
-              vnni: torch.Tensor | None = None) -> torch.Tensor:
+              vnni: torch.Tensor | None = None, amx: bool = False) -> torch.Tensor:
     """The GEMM and epilogue of :func:`int8_linear` for activation codes already quantized: q int8 [M, K],
     s_a fp32 [M, 1] -> [M, N] out_dtype."""
-    acc32 = int8_accumulate(q, wq_t, codes_f32, vnni)  # [M, Np]
+    acc32 = int8_accumulate(q, wq_t, codes_f32, vnni, amx)  # [M, Np]
     return epilogue_split(acc32, s_a, s_w, bias, (n_out,), out_dtype)[0]  # [M, N]
 
 
@@ -302,7 +324,7 @@ class QuantLinear(nn.Module):
         if self.qcfg.w_format == "int8":
             y = int8_linear(x2, self.weight_q, self.weight_scale, self.out_features, self.bias,
                             self.qcfg.a_int8_rounding, x.dtype, self.weight_codes_f32, self.qcfg.a_bits,
-                            self.weight_vnni)
+                            self.weight_vnni, self.int8_backend == "amx")
         else:
             y = fp8_linear(x2, self.weight_q, self.weight_scale, self.bias, self.qcfg.a_granularity,
                            self.qcfg.w_granularity, x.dtype)
@@ -384,7 +406,8 @@ class FusedQuantLinear(nn.Module):
         """x [..., K] -> one [..., N_i] tensor per member (contiguous, x's dtype)."""
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         q, s_a = quant_act_int8(x2, self.qcfg.a_int8_rounding, self.qcfg.a_bits)  # [M, K], [M, 1]
-        acc = int8_accumulate(q, self.weight_q, self.weight_codes_f32, self.weight_vnni)  # [M, Np]
+        acc = int8_accumulate(q, self.weight_q, self.weight_codes_f32, self.weight_vnni,
+                              self.int8_backend == "amx")  # [M, Np]
         outs = epilogue_split(acc, s_a, self.weight_scale, self.bias, self.sizes, x.dtype)  # [M, N_i] each
         return tuple(o.reshape(*x.shape[:-1], n) for o, n in zip(outs, self.sizes))
 
@@ -495,7 +518,7 @@ class QuantExperts(nn.Module):
             codes, packed = getattr(self, f"{name}_codes_f32"), getattr(self, f"{name}_vnni")
             return int8_linear(x, wq, s, n_out, None, self.qcfg.a_int8_rounding, x.dtype,
                                None if codes is None else codes[e], self.qcfg.a_bits,
-                               None if packed is None else packed[e])
+                               None if packed is None else packed[e], self.int8_backend == "amx")
         return fp8_linear(x, wq, s, None, self.qcfg.a_granularity, self.qcfg.w_granularity, x.dtype)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
