@@ -25,6 +25,7 @@ from interq.quant import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig
 from interq.quant.kv_cache import make_kv_cache
+from interq.quant.packed_linear import pack_bf16_linears
 from interq.quant.linear import (FusedQuantLinear, FusedQuantSlice, QuantExperts, QuantLinear, can_fuse,
                                  is_fused_experts)
 
@@ -104,7 +105,7 @@ def _inject_cache_hook(module: nn.Module, args, kwargs):
 
 
 def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backend: str = "auto",
-                  fuse: bool = True) -> nn.Module:
+                  fuse: bool = True, pack_bf16: bool = True) -> nn.Module:
     """A W8A8(-KV8) executor converted from ``model`` (a transformers causal LM); see the module docstring.
     The executor is in eval mode with no trainable parameters; ``executor.interq_qcfg`` is its config.
 
@@ -118,7 +119,12 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backen
     ``fuse`` (int8 weights): q|k|v and gate|up run as one GEMM each with one activation quantization
     (:class:`FusedQuantLinear`, registered as ``<parent>.qkv_proj`` / ``<parent>.gate_up_proj``; the members stay
     as :class:`FusedQuantSlice` under their names). Speed only: bit-identical to ``fuse=False``, one
-    ``QuantLinear`` per linear."""
+    ``QuantLinear`` per linear.
+
+    ``pack_bf16``: the linears that stay ``nn.Linear`` with bf16 weights (``lm_head``; every linear of a bf16
+    executor) become :class:`~interq.quant.packed_linear.PackedBf16Linear` where the CPU's bf16 GEMMs are oneDNN's:
+    the weight packed once instead of at every call. Speed only: the same bits as ``F.linear`` (checked per module
+    when built; it stays ``nn.Linear`` otherwise)."""
     qcfg = QuantConfig() if qcfg is None else qcfg
     if not isinstance(qcfg, QuantConfig):
         raise TypeError(f"make_executor: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
@@ -151,6 +157,8 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backen
                 _set_module(exe, name, QuantLinear(lin, qcfg, amaxes[name], int8_backend))
         for name, ex in experts.items():
             _set_module(exe, name, QuantExperts(ex, qcfg, int8_backend))
+    if pack_bf16:
+        pack_bf16_linears(exe)
     exe.interq_qcfg = qcfg
     exe.register_forward_pre_hook(_inject_cache_hook, with_kwargs=True)
     return exe

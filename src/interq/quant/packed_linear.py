@@ -1,0 +1,121 @@
+"""The executors' bf16 linear layers with their weights packed once for oneDNN (CPU): the same bits, less work.
+
+On a CPU where torch's bf16 GEMMs are oneDNN's (native bf16: AVX512_BF16 or AMX), every ``F.linear`` call
+reorders the whole weight into oneDNN's blocked layout before multiplying. At decode sizes that reorder costs
+about as much as the product: on an Intel Xeon with AMX (one thread) SmolLM2-135M's ``lm_head`` took 15.4 ms per
+call at 1 row and 9.2 ms with its weight packed once, a decoder layer's four GEMMs 0.70 / 0.45 ms at 1 row, 0.80 /
+0.48 at 16 (``results/bench-2026-12-03-s16/packed_bf16.py``). The bf16 executor's every linear and the int8
+executor's ``lm_head`` paid it at each decode step: the bf16 arm ran slower than the CPU allows, which flattered the
+int8 executor's speed-up over it.
+
+:class:`PackedBf16Linear` replaces such an ``nn.Linear`` in an executor (:func:`interq.quant.make_executor`,
+``pack_bf16``). It keeps the module's ``weight`` and ``bias`` parameters (the same tensors: tied embeddings stay
+tied, weight sync copies into them), and packs the weight with ``torch.ops.mkldnn._reorder_linear_weight`` for 16
+rows on first use and again after any write to it (tracked by the tensor's version counter). Up to
+``PACKED_MAX_M`` rows it multiplies by ``torch.ops.mkldnn._linear_pointwise`` with the packed weight; above (prefill,
+where the reorder is a small share) and for anything else (not bf16, not CPU, not contiguous, autograd) it calls
+``F.linear``.
+
+**Same bits.** For up to ``PACKED_MAX_M`` rows the packed product equals ``F.linear``'s bit for bit on every shape
+tried (tests/test_quant_packed_linear.py: K, N from 3 to 49,152, 0-256 rows, with and without bias, 1 and 2 threads,
+here; 1,302 cases of 0-1,500 rows with packs for 16, 32 and 64 rows matched except one shape at 1,500 rows); packed
+for 1 row, oneDNN picks another kernel and from 33 rows on the sums differ in the last bits, hence the pack for 16
+and the row limit. Each module also checks itself when built (1, 16 and 17 rows against ``F.linear``) and keeps
+``F.linear`` if any bit differs; :func:`packing_available` says where it is not offered at all.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+PACKED_MAX_M = 256  # rows up to which the packed weight is used (decode); F.linear above
+PACK_HINT_M = 16  # the row count oneDNN packs for (a pack for 1 row gives other sums from 33 rows on)
+
+
+def packing_available(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """Whether bf16 weights can be packed for oneDNN here, and why not: a CPU device, torch built with oneDNN and
+    a CPU with native bf16 (where torch's own bf16 GEMMs go to oneDNN, so that the packed ones can match them)."""
+    if device is not None and torch.device(device).type != "cpu":
+        return False, f"not a CPU device ({device})"
+    if not torch.backends.mkldnn.is_available():
+        return False, "torch was built without oneDNN (mkldnn)"
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False, "this CPU has no native bf16 (torch's bf16 GEMMs do not run on oneDNN here)"
+    return True, "available"
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT_M)
+
+
+class PackedBf16Linear(nn.Module):
+    """An ``nn.Linear`` with bf16 weights whose products up to ``PACKED_MAX_M`` rows use a oneDNN-packed copy of
+    the weight (see the module docstring). Build with :meth:`from_linear`, which returns None where the packed
+    product would not equal ``F.linear``'s."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same Parameter objects: ties and weight sync see one tensor
+        self.bias = linear.bias
+        self._packed: torch.Tensor | None = None  # an opaque oneDNN tensor: neither a buffer nor copied
+        self._packed_version = -1
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> PackedBf16Linear | None:
+        """The packed module, or None where packing is not offered (:func:`packing_available`), the weight is not
+        bf16, or the self-check (1, 16 and 17 rows against ``F.linear``) finds a differing bit."""
+        w = linear.weight
+        if w.dtype != torch.bfloat16 or w.dim() != 2 or not packing_available(w.device)[0]:
+            return None
+        if linear.bias is not None and linear.bias.dtype != torch.bfloat16:
+            return None
+        mod = cls(linear)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for m in (1, 16, 17):
+                x = torch.randn(m, mod.in_features, generator=g).to(torch.bfloat16)
+                if not torch.equal(mod(x), nn.functional.linear(x, w, linear.bias)):
+                    return None
+        return mod
+
+    def __getstate__(self):  # deepcopy / pickle: the packed copy is derived (and opaque); packed again when used
+        state = self.__dict__.copy()
+        state["_packed"], state["_packed_version"] = None, -1
+        return state
+
+    def packed_weight(self) -> torch.Tensor:
+        """The packed copy, made again after any in-place write to the weight (a weight sync)."""
+        version = self.weight._version
+        if self._packed is None or self._packed_version != version:
+            self._packed, self._packed_version = _pack(self.weight), version
+        return self._packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.numel() // self.in_features if self.in_features else 0
+        # strided inputs too: F.linear takes another path for them (a batched matmul), with other sums
+        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not 0 < m <= PACKED_MAX_M or not x.is_contiguous()
+                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+            return nn.functional.linear(x, self.weight, self.bias)
+        x2 = x.view(m, self.in_features)  # [M, K]
+        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed_weight(), self.bias, "none", [], "")  # [M, N]
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"packed for oneDNN up to {PACKED_MAX_M} rows")
+
+
+def pack_bf16_linears(model: nn.Module) -> int:
+    """Replace every ``nn.Linear`` (exactly that class) of ``model`` with bf16 weights by a :class:`PackedBf16Linear`
+    where :meth:`PackedBf16Linear.from_linear` allows; returns how many were replaced."""
+    n = 0
+    for name, mod in list(model.named_modules()):
+        if type(mod) is nn.Linear:
+            packed = PackedBf16Linear.from_linear(mod)
+            if packed is not None:
+                parent, _, leaf = name.rpartition(".")
+                setattr(model.get_submodule(parent) if parent else model, leaf, packed)
+                n += 1
+    return n

@@ -1,0 +1,118 @@
+"""PackedBf16Linear (interq.quant.packed_linear): the executors' bf16 linears with their weights packed once for
+oneDNN give F.linear's bits at every row count they take, follow weight writes, keep ties and parameter names,
+survive deepcopy, and leave the executors' outputs unchanged. Skipped where packing is not offered (a CPU without
+native bf16: torch's bf16 GEMMs are not oneDNN's there)."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor, sync_weights
+from interq.quant.packed_linear import PACKED_MAX_M, PackedBf16Linear, pack_bf16_linears, packing_available
+from interq.quant.testing import tiny_causal_lm
+
+AVAILABLE, WHY = packing_available()
+needs_packing = pytest.mark.skipif(not AVAILABLE, reason=f"bf16 packing: {WHY}")
+
+
+def _linear(k, n, bias, seed, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, generator=g) * 0.05)
+        if bias:
+            lin.bias.copy_(torch.randn(n, generator=g) * 0.1)
+    return lin.to(dtype).requires_grad_(False)
+
+
+@needs_packing
+@pytest.mark.parametrize("k,n", [(64, 64), (96, 40), (16, 3), (576, 960), (1536, 576), (576, 8192)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_product_equals_f_linear_bit_for_bit_at_every_row_count(k, n, bias, threads):
+    lin = _linear(k, n, bias, k + n)
+    mod = PackedBf16Linear.from_linear(lin)
+    assert mod is not None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(1)
+        for m in (1, 2, 3, 7, 15, 16, 17, 31, 33, 48, 64, 100, 128, 200, PACKED_MAX_M, PACKED_MAX_M + 1):
+            x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+            assert torch.equal(mod(x), nn.functional.linear(x, lin.weight, lin.bias)), m
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_packing
+def test_packed_linear_takes_any_leading_shape_and_strided_inputs():
+    lin = _linear(64, 48, True, 0)
+    mod = PackedBf16Linear.from_linear(lin)
+    x = torch.randn(4, 5, 64).to(torch.bfloat16)
+    assert torch.equal(mod(x), nn.functional.linear(x, lin.weight, lin.bias))
+    x = torch.randn(4, 6, 128).to(torch.bfloat16)[:, 1:, ::2]  # [4, 5, 64], strided: F.linear's own (other) path
+    assert torch.equal(mod(x), nn.functional.linear(x, lin.weight, lin.bias))
+    assert mod(x[:0]).shape == (0, 5, 48)
+
+
+@needs_packing
+def test_packed_linear_follows_writes_to_its_weight():
+    lin = _linear(64, 32, False, 0)
+    mod = PackedBf16Linear.from_linear(lin)
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    y0 = mod(x)
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)  # the same Parameter: a weight sync writes into it in place
+    y1 = mod(x)
+    assert torch.equal(y1, nn.functional.linear(x, lin.weight)) and not torch.equal(y0, y1)
+
+
+@needs_packing
+def test_packed_linear_leaves_autograd_and_other_dtypes_to_f_linear():
+    lin = _linear(64, 32, True, 0).requires_grad_(True)
+    mod = PackedBf16Linear.from_linear(lin)
+    x = torch.randn(3, 64).to(torch.bfloat16).requires_grad_(True)
+    mod(x).float().sum().backward()
+    assert x.grad is not None and lin.weight.grad is not None
+    assert PackedBf16Linear.from_linear(_linear(64, 32, False, 0, torch.float32)) is None
+
+
+def test_packing_is_not_offered_off_the_cpu_and_says_why():
+    ok, why = packing_available("cuda")
+    assert not ok and "not a CPU device" in why
+    if not AVAILABLE:
+        assert PackedBf16Linear.from_linear(_linear(64, 32, False, 0)) is None
+
+
+@needs_packing
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("quantized", [False, True])
+def test_executors_with_packed_linears_equal_unpacked_ones_and_follow_a_sync(kind, quantized):
+    learner = tiny_causal_lm(kind, dtype=torch.bfloat16)
+    qcfg = QuantConfig() if quantized else BF16_EXECUTOR
+    ea, eb = make_executor(learner, qcfg), make_executor(learner, qcfg, pack_bf16=False)
+    packed = [n for n, m in ea.named_modules() if isinstance(m, PackedBf16Linear)]
+    assert "lm_head" in packed and (len(packed) == 1 if quantized else len(packed) > 1)
+    assert not any(isinstance(m, PackedBf16Linear) for m in eb.modules())
+    assert list(ea.state_dict()) == list(eb.state_dict())  # same names, no packed copy saved
+    if learner.config.tie_word_embeddings:
+        assert ea.lm_head.weight is ea.model.embed_tokens.weight
+    ids = torch.randint(0, 128, (3, 9))
+    with torch.no_grad():
+        assert torch.equal(ea(input_ids=ids).logits, eb(input_ids=ids).logits)
+        for p in learner.parameters():
+            p.mul_(1.2).add_(0.01 * torch.randn_like(p))
+        sync_weights(learner, ea)
+        sync_weights(learner, eb)
+        la = ea(input_ids=ids).logits
+        assert torch.equal(la, eb(input_ids=ids).logits)
+        assert torch.equal(copy.deepcopy(ea)(input_ids=ids).logits, la)
+
+
+@needs_packing
+def test_pack_bf16_linears_replaces_only_plain_bf16_linears():
+    model = nn.Sequential(_linear(64, 32, False, 0), nn.ReLU(), _linear(32, 8, True, 1, torch.float32))
+    assert pack_bf16_linears(model) == 1
+    assert isinstance(model[0], PackedBf16Linear) and type(model[2]) is nn.Linear
