@@ -11,6 +11,11 @@ Both sides sample at temperature 1 (no top-k / top-p) with a fixed action length
 generate the same number of tokens. ``generate`` gets the whole history as its prompt every turn (what an agent
 loop built on ``generate`` does); the engine prefills only the new observation tokens.
 
+The bf16 engine runs what the trainer's bf16 arm runs, ``make_executor(model, BF16_EXECUTOR)``: the model with its
+bf16 linears packed once for oneDNN where the CPU's bf16 GEMMs are oneDNN's (:mod:`interq.quant.packed_linear`; the
+same bits). ``--engine-model model`` gives the engine the plain model instead (what ``generate`` runs: the engine's
+cache alone against ``generate``; before the sixteenth session the engine always ran the plain model).
+
 Every measurement runs ``--rounds`` times (default 3) with the arms interleaved and their order rotated each round;
 tokens/s and seconds are medians, ratios the median of the per-round ratios (the figures of one single run moved by
 10-20% between quiet runs on the 2-core machine).
@@ -178,6 +183,9 @@ def main() -> None:
     p.add_argument("--attention", default="sdpa_packed", choices=list(ATTENTION_CHOICES),
                    help="the engines' attention (rollout.attention; default: the rollout's default); generate keeps "
                         "transformers' sdpa")
+    p.add_argument("--engine-model", default="executor", choices=["executor", "model"],
+                   help="the bf16 engine's model: the trainer's bf16 executor (default; linears packed for oneDNN where "
+                        "that gives the same bits) or the plain model that generate runs")
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds per measurement, order rotated; medians (and paired ratio medians) reported")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
@@ -214,8 +222,12 @@ def main() -> None:
             quant_engine = RolloutEngine(make_executor(model, qcfg), cache_factory=lambda c, q=qcfg: make_kv_cache(q, c),
                                          max_context_tokens=100_000)
         engine_model = None
+        if has_quant and args.engine_model == "executor":
+            from interq.quant import BF16_EXECUTOR
+
+            engine_model = make_executor(model, BF16_EXECUTOR)
         if args.attention != "sdpa":
-            engine_model = set_rollout_attention(copy.deepcopy(model), args.attention)
+            engine_model = set_rollout_attention(engine_model or copy.deepcopy(model), args.attention)
             if quant_engine is not None:
                 set_rollout_attention(quant_engine.model, args.attention)
         results.append(bench_model(name, model, args, quant_engine, engine_model))
@@ -228,6 +240,7 @@ def main() -> None:
         "threads": args.threads,
         "rounds": args.rounds,
         "attention": args.attention,
+        "engine_model": args.engine_model if has_quant else "model",
         "device": str(dev),
         "machine": machine,
         "shape": {"episodes": args.episodes, "turns": args.turns, "obs_tokens": args.obs_tokens, "act_tokens": args.act_tokens,
