@@ -10,7 +10,7 @@
   few rows (decode, M <= ``VNNI_MAX_M``) with :mod:`interq.quant.kernels`' ``int8_gemm_vnni`` from a copy of the
   weights packed for ``vpdpbusd``, and with ``_int_mm`` above. On CPUs with AMX-INT8 (Intel Sapphire Rapids and
   later) the ``amx`` backend computes it for any number of rows from the same packed weights with AMX tiles
-  (``int8_gemm_amx``: about 1.3-1.7 TOPS on one core from 64 rows up, against 0.4-0.5 for the VNNI kernel and
+  (``int8_gemm_amx``: about 1.2-1.7 TOPS on one core from 64 rows up, against 0.3-0.65 for the VNNI kernel and
   ``_int_mm``). The backend never changes a single bit of output.
 - fp8 e4m3: operands cast to e4m3 after clamping, products summed in float64 (exact for these K: order
   and batch invariant), scales applied in the same order. Hopper's FastAccum fp8 GEMM accumulates in

@@ -1,12 +1,13 @@
 """The executors' bf16 linear layers with their weights packed once for oneDNN (CPU): the same bits, less work.
 
 On a CPU where torch's bf16 GEMMs are oneDNN's (native bf16: AVX512_BF16 or AMX), every ``F.linear`` call
-reorders the whole weight into oneDNN's blocked layout before multiplying. At decode sizes that reorder costs
-about as much as the product: on an Intel Xeon with AMX (one thread) SmolLM2-135M's ``lm_head`` took 15.4 ms per
-call at 1 row and 9.2 ms with its weight packed once, a decoder layer's four GEMMs 0.70 / 0.45 ms at 1 row, 0.80 /
-0.48 at 16 (``results/bench-2026-12-03-s16/packed_bf16.py``). The bf16 executor's every linear and the int8
-executor's ``lm_head`` paid it at each decode step: the bf16 arm ran slower than the CPU allows, which flattered the
-int8 executor's speed-up over it.
+reorders the whole weight into oneDNN's blocked layout before multiplying; at decode sizes that is a large share of
+the call. On an Intel Xeon with AMX (``results/bench-2026-12-03-s16/``, one thread) SmolLM2-135M's ``lm_head`` took
+13.2 ms per call at 1 row and 9.5 ms with its weight packed once (1.35-1.71x at 1-256 rows), and
+``benchmarks/bench_quant.py`` measured the bf16 executor 1.10x faster at batch 16 and 1.26x at batch 1 with its
+linears packed (side by side); a decoder layer's small linears alone gained 0.94-1.35x. The bf16 executor's every
+linear and the int8 executor's ``lm_head`` paid the reorder at each decode step: the bf16 arm ran slower than the CPU
+allows, which flattered the int8 executor's speed-up over it.
 
 :class:`PackedBf16Linear` replaces such an ``nn.Linear`` in an executor (:func:`interq.quant.make_executor`,
 ``pack_bf16``). It keeps the module's ``weight`` and ``bias`` parameters (the same tensors: tied embeddings stay
@@ -17,8 +18,9 @@ where the reorder is a small share) and for anything else (not bf16, not CPU, no
 ``F.linear``.
 
 **Same bits.** For up to ``PACKED_MAX_M`` rows the packed product equals ``F.linear``'s bit for bit on every shape
-tried (tests/test_quant_packed_linear.py: K, N from 3 to 49,152, 0-256 rows, with and without bias, 1 and 2 threads,
-here; 1,302 cases of 0-1,500 rows with packs for 16, 32 and 64 rows matched except one shape at 1,500 rows); packed
+tried (tests/test_quant_packed_linear.py: K, N from 3 to 8,192, 1-256 rows, with and without bias, 1 and 2 threads;
+during development 1,302 cases up to SmolLM2's lm_head, 576 x 49,152, and 0-1,500 rows, with packs for 16, 32 and 64
+rows, matched except one shape at 1,500 rows, on the Xeon with AMX); packed
 for 1 row, oneDNN picks another kernel and from 33 rows on the sums differ in the last bits, hence the pack for 16
 and the row limit. Each module also checks itself when built (1, 16 and 17 rows against ``F.linear``) and keeps
 ``F.linear`` if any bit differs; :func:`packing_available` says where it is not offered at all.
