@@ -1,26 +1,19 @@
 """The ``amx`` int8 backend (interq.quant.kernels' AMX-INT8 tile GEMM, every row count): the exact int32 accumulator
 of torch._int_mm for every shape, extreme codes and thread count, from the same packed weights as the ``vnni``
-backend, and executors bit-identical to the int_mm backend's, before and after a weight sync. Skipped on CPUs
-without AMX-INT8 (the backend is not offered there; ``auto`` does not choose it)."""
+backend (its modules and executors against the int_mm backend's, before and after a weight sync: with the vnni
+backend's in tests/test_quant_vnni.py). Skipped on CPUs without AMX-INT8 (the backend is not offered there; ``auto``
+does not choose it)."""
 
 import pytest
 import torch
 
-from interq.quant import QuantConfig, kernels, make_executor, sync_weights
-from interq.quant.linear import (INT8_BACKENDS, FusedQuantLinear, QuantExperts, QuantLinear, amx_available,
-                                 int8_accumulate, resolve_int8_backend, vnni_available, vnni_pack)
-from interq.quant.testing import tiny_causal_lm
+from interq.quant import kernels
+from interq.quant.linear import (INT8_BACKENDS, amx_available, int8_accumulate, resolve_int8_backend, vnni_available,
+                                 vnni_pack)
+from interq.quant.testing import random_codes as _codes
 
 AVAILABLE, WHY = amx_available()
 needs_amx = pytest.mark.skipif(not AVAILABLE, reason=f"amx backend: {WHY}")
-
-
-def _codes(shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
-    if t.numel() > 4:
-        t.view(-1)[:3] = torch.tensor([-128, 127, -128], dtype=torch.int8)
-    return t
 
 
 def test_amx_backend_is_validated_and_auto_prefers_it_where_available():
@@ -93,54 +86,3 @@ def test_int8_accumulate_takes_amx_where_k_allows_and_the_vnni_path_elsewhere(k)
         a = _codes((m, k), m)
         ref = torch.nn.functional.pad(a, (0, kp - k)).long() @ w.long()
         assert torch.equal(int8_accumulate(a, w, vnni=vnni_pack(w), amx=True).long(), ref)
-
-
-def _linear(k, n, bias, seed):
-    g = torch.Generator().manual_seed(seed)
-    lin = torch.nn.Linear(k, n, bias=bias)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(n, k, generator=g) * 0.05)
-        if bias:
-            lin.bias.copy_(torch.randn(n, generator=g) * 0.1)
-    return lin
-
-
-@needs_amx
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_amx_modules_equal_int_mm_modules_bit_for_bit(dtype):
-    qcfg = QuantConfig()
-    lin = _linear(128, 30, True, 0).to(dtype)
-    a, b = QuantLinear(lin, qcfg, int8_backend="amx"), QuantLinear(lin, qcfg, int8_backend="int_mm")
-    assert a.weight_vnni is not None and b.weight_vnni is None and "weight_vnni" not in a.state_dict()
-    lins = {f"blk.{n}": _linear(128, s, False, i).to(dtype) for i, (n, s) in enumerate((("q_proj", 20), ("k_proj", 12)))}
-    amaxes = {n: None for n in lins}
-    fa, fb = FusedQuantLinear(lins, qcfg, amaxes, "amx"), FusedQuantLinear(lins, qcfg, amaxes, "int_mm")
-    for rows in (1, 16, 300):
-        x = torch.randn(rows, 128).to(dtype)
-        assert torch.equal(a(x), b(x))
-        for u, v in zip(fa(x), fb(x)):
-            assert torch.equal(u, v)
-    new = _linear(128, 30, True, 5).to(dtype)  # a weight sync repacks
-    a.requantize(new.weight, new.bias)
-    b.requantize(new.weight, new.bias)
-    x = torch.randn(3, 128).to(dtype)
-    assert torch.equal(a(x), b(x))
-
-
-@needs_amx
-@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
-def test_amx_executor_equals_int_mm_executor_and_follows_a_sync(kind):
-    learner = tiny_causal_lm(kind, dtype=torch.bfloat16)
-    ids = torch.randint(0, 128, (3, 40))
-    ea = make_executor(learner, QuantConfig(), int8_backend="amx")
-    eb = make_executor(learner, QuantConfig(), int8_backend="int_mm")
-    if kind == "qwen3_moe":
-        assert any(isinstance(m, QuantExperts) and m.gate_up_proj_vnni is not None for m in ea.modules())
-    with torch.no_grad():
-        assert torch.equal(ea(input_ids=ids).logits, eb(input_ids=ids).logits)
-        for p in learner.parameters():
-            p.mul_(1.2).add_(0.01 * torch.randn_like(p))
-        sync_weights(learner, ea)
-        sync_weights(learner, eb)
-        la, lb = ea(input_ids=ids).logits, eb(input_ids=ids).logits
-    assert torch.equal(la, lb)

@@ -9,22 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor, sync_weights
+from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor
 from interq.quant.packed_linear import PACKED_MAX_M, PackedBf16Linear, pack_bf16_linears, packing_available
-from interq.quant.testing import tiny_causal_lm
+from interq.quant.testing import perturb_and_sync, seeded_linear, tiny_causal_lm
 
 AVAILABLE, WHY = packing_available()
 needs_packing = pytest.mark.skipif(not AVAILABLE, reason=f"bf16 packing: {WHY}")
 
 
 def _linear(k, n, bias, seed, dtype=torch.bfloat16):
-    g = torch.Generator().manual_seed(seed)
-    lin = nn.Linear(k, n, bias=bias)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(n, k, generator=g) * 0.05)
-        if bias:
-            lin.bias.copy_(torch.randn(n, generator=g) * 0.1)
-    return lin.to(dtype).requires_grad_(False)
+    return seeded_linear(k, n, bias, seed, dtype).requires_grad_(False)  # as in an executor (packing needs no grad)
 
 
 @needs_packing
@@ -102,10 +96,7 @@ def test_executors_with_packed_linears_equal_unpacked_ones_and_follow_a_sync(kin
     ids = torch.randint(0, 128, (3, 9))
     with torch.no_grad():
         assert torch.equal(ea(input_ids=ids).logits, eb(input_ids=ids).logits)
-        for p in learner.parameters():
-            p.mul_(1.2).add_(0.01 * torch.randn_like(p))
-        sync_weights(learner, ea)
-        sync_weights(learner, eb)
+        perturb_and_sync(learner, ea, eb)
         la = ea(input_ids=ids).logits
         assert torch.equal(la, eb(input_ids=ids).logits)
         assert torch.equal(copy.deepcopy(ea)(input_ids=ids).logits, la)

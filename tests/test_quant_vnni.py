@@ -1,28 +1,26 @@
 """The ``vnni`` int8 backend (interq.quant.kernels' AVX512-VNNI GEMM for decode-size rows): the exact int32
 accumulator of torch._int_mm for every shape, extreme codes and thread count, and executors bit-identical to the
-int_mm backend's, before and after a weight sync. Skipped on CPUs without AVX512-VNNI (the backend is not offered
-there; ``auto`` does not choose it)."""
+int_mm backend's, before and after a weight sync; the module and executor tests also for the ``amx`` backend, which
+uses the same packed weights (its GEMM's own tests: tests/test_quant_amx.py). Skipped on CPUs without AVX512-VNNI
+(AMX-INT8 for ``amx``): the backend is not offered there; ``auto`` does not choose it."""
 
 import pytest
 import torch
 
-from interq.quant import QuantConfig, make_executor, sync_weights
+from interq.quant import QuantConfig, make_executor
 from interq.quant import kernels
 from interq.quant.linear import (INT8_BACKENDS, VNNI_MAX_M, FusedQuantLinear, QuantExperts, QuantLinear,
                                  amx_available, int8_accumulate, resolve_int8_backend, vnni_available,
                                  vnni_pack)
-from interq.quant.testing import tiny_causal_lm
+from interq.quant.testing import perturb_and_sync, tiny_causal_lm
+from interq.quant.testing import random_codes as _codes, seeded_linear as _linear
 
 AVAILABLE, WHY = vnni_available()
 needs_vnni = pytest.mark.skipif(not AVAILABLE, reason=f"vnni backend: {WHY}")
-
-
-def _codes(shape, seed, extremes=True):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
-    if extremes and t.numel() > 4:
-        t.view(-1)[:3] = torch.tensor([-128, 127, -128], dtype=torch.int8)
-    return t
+AMX, WHY_AMX = amx_available()
+# the packed-weight backends; vnni's modules see K = 44 (padded codes), amx's K = 128 (its own kernel needs K % 64)
+PACKED = [pytest.param("vnni", 44, marks=needs_vnni),
+          pytest.param("amx", 128, marks=pytest.mark.skipif(not AMX, reason=f"amx backend: {WHY_AMX}"))]
 
 
 def test_vnni_backend_is_validated_and_auto_prefers_it_where_available():
@@ -93,54 +91,43 @@ def test_int8_accumulate_uses_int_mm_above_the_row_limit_with_the_same_values():
         assert torch.equal(int8_accumulate(a, w, vnni=packed).long(), ref)
 
 
-def _linear(k, n, bias, seed):
-    g = torch.Generator().manual_seed(seed)
-    lin = torch.nn.Linear(k, n, bias=bias)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(n, k, generator=g) * 0.05)
-        if bias:
-            lin.bias.copy_(torch.randn(n, generator=g) * 0.1)
-    return lin
-
-
-@needs_vnni
+@pytest.mark.parametrize("backend, k", PACKED)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_vnni_modules_equal_int_mm_modules_bit_for_bit(dtype):
+def test_packed_backend_modules_equal_int_mm_modules_bit_for_bit(backend, k, dtype):
     qcfg = QuantConfig()
-    lin = _linear(44, 30, True, 0).to(dtype)  # K, N not multiples of 8: padded codes
-    a, b = QuantLinear(lin, qcfg, int8_backend="vnni"), QuantLinear(lin, qcfg, int8_backend="int_mm")
+    lin = _linear(k, 30, True, 0).to(dtype)
+    a, b = QuantLinear(lin, qcfg, int8_backend=backend), QuantLinear(lin, qcfg, int8_backend="int_mm")
     assert a.weight_vnni is not None and b.weight_vnni is None and "weight_vnni" not in a.state_dict()
-    lins = {f"blk.{n}": _linear(44, s, False, i).to(dtype) for i, (n, s) in enumerate((("q_proj", 20), ("k_proj", 12)))}
+    lins = {f"blk.{n}": _linear(k, s, False, i).to(dtype) for i, (n, s) in enumerate((("q_proj", 20), ("k_proj", 12)))}
     amaxes = {n: None for n in lins}
-    fa, fb = FusedQuantLinear(lins, qcfg, amaxes, "vnni"), FusedQuantLinear(lins, qcfg, amaxes, "int_mm")
-    for rows in (1, 16, VNNI_MAX_M + 3):  # the last one through _int_mm
-        x = torch.randn(rows, 44).to(dtype)
+    fa, fb = FusedQuantLinear(lins, qcfg, amaxes, backend), FusedQuantLinear(lins, qcfg, amaxes, "int_mm")
+    for rows in (1, 16, VNNI_MAX_M + 3):  # the last one through _int_mm for vnni, AMX tiles for amx
+        x = torch.randn(rows, k).to(dtype)
         assert torch.equal(a(x), b(x))
         for u, v in zip(fa(x), fb(x)):
             assert torch.equal(u, v)
     # a weight sync repacks
-    new = _linear(44, 30, True, 5).to(dtype)
+    new = _linear(k, 30, True, 5).to(dtype)
     a.requantize(new.weight, new.bias)
     b.requantize(new.weight, new.bias)
-    x = torch.randn(3, 44).to(dtype)
+    x = torch.randn(3, k).to(dtype)
     assert torch.equal(a(x), b(x))
 
 
-@needs_vnni
+@pytest.mark.parametrize("backend, k", PACKED)
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
-def test_vnni_executor_equals_int_mm_executor_and_follows_a_sync(kind):
+def test_packed_backend_executor_equals_int_mm_executor_and_follows_a_sync(backend, k, kind):
+    """The tiny models' q|k|v and gate|up have K = 64 (amx: AMX tiles), down K = 96 and the experts' down K = 32
+    (amx: its vnni path); 40 tokens: prefill rows past the vnni kernel's tile sizes."""
     learner = tiny_causal_lm(kind, dtype=torch.bfloat16)
-    ids = torch.randint(0, 128, (3, 9))
-    ea = make_executor(learner, QuantConfig(), int8_backend="vnni")
+    ids = torch.randint(0, 128, (3, 40))
+    ea = make_executor(learner, QuantConfig(), int8_backend=backend)
     eb = make_executor(learner, QuantConfig(), int8_backend="int_mm")
     if kind == "qwen3_moe":
         assert any(isinstance(m, QuantExperts) and m.gate_up_proj_vnni is not None for m in ea.modules())
     with torch.no_grad():
         assert torch.equal(ea(input_ids=ids).logits, eb(input_ids=ids).logits)
-        for p in learner.parameters():
-            p.mul_(1.2).add_(0.01 * torch.randn_like(p))
-        sync_weights(learner, ea)
-        sync_weights(learner, eb)
+        perturb_and_sync(learner, ea, eb)
         la, lb = ea(input_ids=ids).logits, eb(input_ids=ids).logits
     assert torch.equal(la, lb)
     assert torch.equal(la, make_executor(learner, QuantConfig(), int8_backend="int_mm")(input_ids=ids).logits)

@@ -1,4 +1,5 @@
-"""Tiny transformers causal LMs built from a config (no download), for tests and benchmarks."""
+"""Tiny transformers causal LMs built from a config (no download), and seeded int8 codes, linears and a
+weight-sync step, for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -36,3 +37,36 @@ def tiny_causal_lm(kind: str = "llama", *, vocab_size: int = 128, hidden_size: i
                 if name.endswith(("experts.gate_up_proj", "experts.down_proj", "mlp.gate.weight")):
                     p.normal_(0.0, init_std)
     return model.to(dtype).eval()
+
+
+def random_codes(shape: tuple[int, ...], seed: int, extremes: bool = True) -> torch.Tensor:
+    """Seeded int8 codes over the full range [-128, 127]; ``extremes``: the first three are -128, 127, -128 (the
+    products where an unsigned-offset GEMM can go wrong)."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
+    if extremes and t.numel() > 4:
+        t.view(-1)[:3] = torch.tensor([-128, 127, -128], dtype=torch.int8)
+    return t
+
+
+def seeded_linear(k: int, n: int, bias: bool, seed: int, dtype: torch.dtype = torch.float32) -> torch.nn.Linear:
+    """An ``nn.Linear(k, n)`` with seeded weights (std 0.05) and bias (std 0.1), in ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, generator=g) * 0.05)
+        if bias:
+            lin.bias.copy_(torch.randn(n, generator=g) * 0.1)
+    return lin.to(dtype)
+
+
+@torch.no_grad()
+def perturb_and_sync(learner: torch.nn.Module, *executors: torch.nn.Module) -> None:
+    """A stand-in for an optimizer step: every learner parameter scaled by 1.2 plus noise, then each executor synced
+    (:func:`interq.quant.sync_weights`)."""
+    from interq.quant.executor import sync_weights
+
+    for p in learner.parameters():
+        p.mul_(1.2).add_(0.01 * torch.randn_like(p))
+    for exe in executors:
+        sync_weights(learner, exe)
