@@ -475,30 +475,43 @@ void vnni_rows(int rows, const int8_t* a, int64_t lda, const uint8_t* w, int64_t
     default: TORCH_CHECK(false, "vnni_rows: tile of ", rows, " rows");
   }
 }
+
+// The checks both GEMMs on pack_int8_vnni's layout make of their arguments (fn names the caller in the messages)
+void check_packed_gemm(const char* fn, const torch::Tensor& a, const torch::Tensor& packed, int64_t n) {
+  TORCH_CHECK(a.dim() == 2 && a.device().is_cpu() && a.scalar_type() == torch::kInt8, fn,
+              ": a must be a 2-D int8 CPU tensor");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == 16 &&
+                  packed.size(3) == 4 && packed.is_contiguous(),
+              fn, ": packed must come from pack_int8_vnni");
+  const int64_t k = a.size(1), nb = packed.size(0), k4 = packed.size(1);
+  TORCH_CHECK(k == 4 * k4, fn, ": a has K = ", k, ", the packed weight ", 4 * k4);
+  TORCH_CHECK(n > 16 * (nb - 1) && n <= 16 * nb, fn, ": n = ", n, " does not match ", nb, " blocks");
+}
+
+// sum_k a[r, k] of each row of a contiguous [m, k] int8 matrix: the unsigned weights' offset is 128 times it
+std::vector<int32_t> row_sums(const int8_t* a, int64_t m, int64_t k) {
+  std::vector<int32_t> sums(m);
+  for (int64_t r = 0; r < m; ++r) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < k; ++j) s += a[r * k + j];
+    sums[r] = s;
+  }
+  return sums;
+}
 }  // namespace
 #endif
 
 // a [M, K] int8 (K = the packed K), packed from pack_int8_vnni, n = its true column count -> int32 [M, n]
 torch::Tensor int8_gemm_vnni(torch::Tensor a, torch::Tensor packed, int64_t n) {
 #if INTERQ_VNNI_GEMM
-  TORCH_CHECK(a.dim() == 2 && a.device().is_cpu() && a.scalar_type() == torch::kInt8,
-              "int8_gemm_vnni: a must be a 2-D int8 CPU tensor");
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == 16 &&
-                  packed.size(3) == 4 && packed.is_contiguous(),
-              "int8_gemm_vnni: packed must come from pack_int8_vnni");
+  check_packed_gemm("int8_gemm_vnni", a, packed, n);
   const int64_t m = a.size(0), k = a.size(1), nb = packed.size(0), k4 = packed.size(1);
-  TORCH_CHECK(k == 4 * k4, "int8_gemm_vnni: a has K = ", k, ", the packed weight ", 4 * k4);
-  TORCH_CHECK(n > 16 * (nb - 1) && n <= 16 * nb, "int8_gemm_vnni: n = ", n, " does not match ", nb, " blocks");
   a = a.contiguous();
   auto out = torch::empty({m, n}, a.options().dtype(torch::kInt32));
   if (m == 0 || n == 0) return out;
   const int8_t* ap = a.data_ptr<int8_t>();
-  std::vector<int32_t> offset(m);
-  for (int64_t r = 0; r < m; ++r) {
-    int32_t s = 0;
-    for (int64_t j = 0; j < k; ++j) s += ap[r * k + j];
-    offset[r] = 128 * s;
-  }
+  std::vector<int32_t> offset = row_sums(ap, m, k);
+  for (int32_t& o : offset) o *= 128;
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   int32_t* op = out.data_ptr<int32_t>();
   const int64_t panels = (nb + 1) / 2;  // two 16-column blocks each
@@ -625,15 +638,9 @@ bool has_int8_gemm_amx() {
 torch::Tensor int8_gemm_amx(torch::Tensor a, torch::Tensor packed, int64_t n) {
 #if INTERQ_AMX_GEMM
   TORCH_CHECK(amx_permitted(), "int8_gemm_amx: the Linux kernel does not let this process use AMX tiles");
-  TORCH_CHECK(a.dim() == 2 && a.device().is_cpu() && a.scalar_type() == torch::kInt8,
-              "int8_gemm_amx: a must be a 2-D int8 CPU tensor");
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == 16 &&
-                  packed.size(3) == 4 && packed.is_contiguous(),
-              "int8_gemm_amx: packed must come from pack_int8_vnni");
+  check_packed_gemm("int8_gemm_amx", a, packed, n);
   const int64_t m = a.size(0), k = a.size(1), nb = packed.size(0), k4 = packed.size(1);
-  TORCH_CHECK(k == 4 * k4, "int8_gemm_amx: a has K = ", k, ", the packed weight ", 4 * k4);
   TORCH_CHECK(k % 64 == 0, "int8_gemm_amx: K must be a multiple of 64, got ", k);
-  TORCH_CHECK(n > 16 * (nb - 1) && n <= 16 * nb, "int8_gemm_amx: n = ", n, " does not match ", nb, " blocks");
   a = a.contiguous();
   auto out = torch::empty({m, n}, a.options().dtype(torch::kInt32));
   if (m == 0 || n == 0) return out;
@@ -641,11 +648,8 @@ torch::Tensor int8_gemm_amx(torch::Tensor a, torch::Tensor packed, int64_t n) {
   const int64_t mb = (m + 31) / 32;  // row blocks of 32
   // each row's accumulator start, -128 * sum_k a[m, k], as a 16-wide tile row; 32 more zero rows past the end
   std::vector<int32_t> init((mb * 32) * 16, 0);
-  for (int64_t r = 0; r < m; ++r) {
-    int32_t s = 0;
-    for (int64_t j = 0; j < k; ++j) s += ap[r * k + j];
-    std::fill_n(init.begin() + r * 16, 16, -128 * s);
-  }
+  const std::vector<int32_t> sums = row_sums(ap, m, k);
+  for (int64_t r = 0; r < m; ++r) std::fill_n(init.begin() + r * 16, 16, -128 * sums[r]);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   int32_t* op = out.data_ptr<int32_t>();
   const int64_t kc = k / 64, panels = (nb + 1) / 2, full_cols = n / 16;  // column blocks stored in place
