@@ -11,7 +11,7 @@ from a config):
     side by side (interleaved rounds, medians; also per CPU second of this process, ``*_cpu_time``, which moves
     less with other jobs' load), with the executor as built (fused q|k|v and gate|up GEMMs, ``auto`` backend) and
     its bit-identical variants: unfused (one QuantLinear per linear), a cache keeping its dequantized copy, the
-    ``torch._int_mm`` backend forced, the ``vnni`` backend where the CPU has it (``auto`` is ``amx`` on AMX CPUs),
+    ``torch._int_mm`` backend forced, the ``vnni`` backend on AMX CPUs (where ``auto`` is ``amx``),
     the executor without its fused CPU kernels (``interq.quant.kernels``); W8A8 with a bf16 cache; the bf16
     executor without its linears packed for oneDNN (``bf16_unpacked``, :mod:`interq.quant.packed_linear`; the ratios
     stay over the packed bf16 executor, the rollout's); optionally HF ``generate`` (``--hf-generate``);
@@ -34,7 +34,7 @@ from interq.machine import describe, load_avg, machine_info, resolve_device, syn
 from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_token, make_executor, make_kv_cache,
                           sync_weights)
 from interq.quant import kernels
-from interq.quant.linear import vnni_available
+from interq.quant.linear import amx_available
 from interq.quant.testing import tiny_causal_lm
 from interq.rollout.attention import ATTENTION_CHOICES, set_rollout_attention
 
@@ -215,8 +215,8 @@ def main() -> None:
                     "the RESULT's ratios)")
     ap.add_argument("--speed-arms", default="all", help="'all', or a comma-separated subset of the speed arms: bf16, "
                     "w8a8_kv8, w8a8_bf16kv, w8a8_kv8_unfused, w8a8_kv8_codes (the cache holding int8 codes, "
-                    "dequantized on every read), w8a8_kv8_keepdq, w8a8_kv8_int_mm, w8a8_kv8_vnni (where the CPU has "
-                    "AVX512-VNNI), w8a8_kv8_eager (the executor without its fused CPU kernels), bf16_unpacked (the "
+                    "dequantized on every read), w8a8_kv8_keepdq, w8a8_kv8_int_mm, w8a8_kv8_vnni (on AMX CPUs, where "
+                    "auto is amx), w8a8_kv8_eager (the executor without its fused CPU kernels), bf16_unpacked (the "
                     "bf16 executor without its linears packed for oneDNN)")
     ap.add_argument("--attention", default="sdpa_packed", choices=list(ATTENTION_CHOICES),
                     help="the speed arms' attention (rollout.attention; default: the rollout's default)")
@@ -271,8 +271,8 @@ def main() -> None:
         # the executor as make_executor builds it (q|k|v and gate|up fused, int8_backend 'auto', the cache holding
         # the dequantized values), and variants: a bf16 cache, one QuantLinear per linear (the unfused path,
         # bit-identical), the cache holding int8 codes dequantized on every read, or codes and a dequantized copy
-        # (both bit-identical), the torch._int_mm backend forced (and the vnni one where the CPU has it: on an AMX CPU
-        # auto is amx), the bf16 executor without its linears packed for oneDNN (interq.quant.packed_linear)
+        # (both bit-identical), the torch._int_mm backend forced (and the vnni one on AMX CPUs, where auto is amx),
+        # the bf16 executor without its linears packed for oneDNN (interq.quant.packed_linear)
         variants = {
             "bf16_unpacked": lambda: (make_executor(learner, BF16_EXECUTOR, pack_bf16=False), BF16_EXECUTOR),
             "w8a8_bf16kv": lambda: (make_executor(learner, QuantConfig(kv_format="none")), QuantConfig(kv_format="none")),
@@ -289,7 +289,7 @@ def main() -> None:
             ap.error(f"--speed-arms: unknown {sorted(unknown)}; bf16 and w8a8_kv8 are always needed")
         if args.no_int_mm:
             wanted.discard("w8a8_kv8_int_mm")
-        if not vnni_available()[0] or dev.type != "cpu":
+        if not amx_available()[0] or dev.type != "cpu":  # elsewhere auto is vnni (the main arm) or vnni cannot run
             wanted.discard("w8a8_kv8_vnni")
         arms = {"bf16": (exe_b, BF16_EXECUTOR), "w8a8_kv8": (exe_q, qcfg)}
         arms.update({k: f() for k, f in variants.items() if k in wanted})
