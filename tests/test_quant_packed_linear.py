@@ -107,3 +107,17 @@ def test_pack_bf16_linears_replaces_only_plain_bf16_linears():
     model = nn.Sequential(_linear(64, 32, False, 0), nn.ReLU(), _linear(32, 8, True, 1, torch.float32))
     assert pack_bf16_linears(model) == 1
     assert isinstance(model[0], PackedBf16Linear) and type(model[2]) is nn.Linear
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_an_executor_built_under_inference_mode_runs_and_equals_one_built_outside(quantized):
+    # its tensors are inference tensors, which have no version counter: their linears stay F.linear's
+    learner = tiny_causal_lm("llama", dtype=torch.bfloat16)
+    qcfg = QuantConfig() if quantized else BF16_EXECUTOR
+    ids = torch.randint(0, 128, (2, 7))
+    with torch.inference_mode():
+        inside = make_executor(learner, qcfg)
+        logits = inside(input_ids=ids).logits
+    assert not any(isinstance(m, PackedBf16Linear) for m in inside.modules())
+    with torch.no_grad():
+        assert torch.equal(logits, make_executor(learner, qcfg)(input_ids=ids).logits)

@@ -67,9 +67,12 @@ class PackedBf16Linear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedBf16Linear | None:
         """The packed module, or None where packing is not offered (:func:`packing_available`), the weight is not
-        bf16, or the self-check (1, 16 and 17 rows against ``F.linear``) finds a differing bit."""
+        bf16 or is an inference tensor (an executor built under ``torch.inference_mode``: it has no version counter
+        to tell a weight sync), or the self-check (1, 16 and 17 rows against ``F.linear``) finds a differing bit."""
         w = linear.weight
         if w.dtype != torch.bfloat16 or w.dim() != 2 or not packing_available(w.device)[0]:
+            return None
+        if w.is_inference():  # made under torch.inference_mode: no version counter, so a write could not be seen
             return None
         if linear.bias is not None and linear.bias.dtype != torch.bfloat16:
             return None
