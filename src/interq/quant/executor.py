@@ -123,8 +123,8 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backen
 
     ``pack_bf16``: the linears that stay ``nn.Linear`` with bf16 weights (``lm_head``; every linear of a bf16
     executor) become :class:`~interq.quant.packed_linear.PackedBf16Linear` where the CPU's bf16 GEMMs are oneDNN's:
-    the weight packed once instead of at every call. Speed only: the same bits as ``F.linear`` (checked per module
-    when built; it stays ``nn.Linear`` otherwise)."""
+    the weight packed once instead of at every call. Speed only: the same bits as ``F.linear`` (each shape, row count
+    and thread count checked at its first call; ``F.linear`` where the packed product differs)."""
     qcfg = QuantConfig() if qcfg is None else qcfg
     if not isinstance(qcfg, QuantConfig):
         raise TypeError(f"make_executor: qcfg must be a QuantConfig, got {type(qcfg).__name__}")

@@ -13,17 +13,25 @@ allows, which flattered the int8 executor's speed-up over it.
 ``pack_bf16``). It keeps the module's ``weight`` and ``bias`` parameters (the same tensors: tied embeddings stay
 tied, weight sync copies into them), and packs the weight with ``torch.ops.mkldnn._reorder_linear_weight`` for 16
 rows on first use and again after any write to it (tracked by the tensor's version counter). Up to
-``PACKED_MAX_M`` rows it multiplies by ``torch.ops.mkldnn._linear_pointwise`` with the packed weight; above (prefill,
-where the reorder is a small share) and for anything else (not bf16, not CPU, not contiguous, autograd) it calls
-``F.linear``.
+``PACKED_MAX_M`` rows it multiplies by ``torch.ops.mkldnn._linear_pointwise`` with the packed weight where that gives
+``F.linear``'s bits (below); above (prefill: at 656 rows the packed product was 1.08x faster per decoder layer, at
+2,048 0.90x, ``results/bench-2026-12-03-s17/packed_prefill_speed.log``) and for anything else (not bf16, not
+CPU, not contiguous, autograd) it calls ``F.linear``.
 
-**Same bits.** For up to ``PACKED_MAX_M`` rows the packed product equals ``F.linear``'s bit for bit on every shape
-tried (tests/test_quant_packed_linear.py: K, N from 3 to 8,192, 1-256 rows, with and without bias, 1 and 2 threads;
-during development 1,302 cases up to SmolLM2's lm_head, 576 x 49,152, and 0-1,500 rows, with packs for 16, 32 and 64
-rows, matched except one shape at 1,500 rows, on the Xeon with AMX); packed
-for 1 row, oneDNN picks another kernel and from 33 rows on the sums differ in the last bits, hence the pack for 16
-and the row limit. Each module also checks itself when built (1, 16 and 17 rows against ``F.linear``) and keeps
-``F.linear`` if any bit differs; :func:`packing_available` says where it is not offered at all.
+**Same bits.** Whether the packed product equals ``F.linear``'s depends on the shape, the row count and the thread
+count: oneDNN picks its kernel and its split of the work from them, and ``F.linear``'s plain-weight path does not always
+pick as the packed one does. On the Xeon with AMX (``results/bench-2026-12-03-s17/packed_rows_grid.log``, every row
+count 1-1,100 of seven shapes, with and without bias) one thread matched everywhere, while two threads differed from
+289-513 rows on in most shapes, and at 96 rows for 576 x 192 (seen on random inputs with a bias only; the probe
+below finds it without). So the product is never assumed equal: the
+first call of a (in, out, bias, rows, threads) case in the process compares the two products on a probe built so that
+any other summation order shows in the bf16 outputs (random products around two cancelling terms of +-2^22: on random
+inputs alone the two orders differed in only one output in thousands, and a check passed where the products
+differed), and every later call of that case, in any module of that shape, takes the packed product only where they
+matched, ``F.linear`` otherwise (:func:`packed_product_matches`; 5-35 ms per case for SmolLM2's layers, 0.1-0.2 s
+for its ``lm_head``). A pack for 1 row instead of 16 makes oneDNN pick other kernels still (other sums from 33 rows
+on), hence the pack for 16.
+:func:`packing_available` says where packing is not offered at all.
 """
 
 from __future__ import annotations
@@ -51,10 +59,47 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT_M)
 
 
+def _packed_product(x2: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")  # [M, N]
+
+
+_MATCHES: dict[tuple[int, int, bool, int, int], bool] = {}  # (in, out, bias, rows, threads) -> same bits
+_BIG = 2.0 ** 11  # the probe's cancelling entries: products of +-2^22, whose fp32 ulp (0.5) shows in bf16 sums
+
+
+def _probe(rows: int, k: int, n: int, bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Inputs on which two summation orders give other bf16 outputs: every output adds +2^22 (at k = 0) and -2^22
+    (at k = K - 1) to random products, so whatever is summed while one of them is in the accumulator is rounded to
+    0.5, and which products that is depends on the order (a bias adds at the end). A random weight of a few distinct
+    rows tiled over ``n`` (the kernel does not depend on the values). -> x [rows, K], w [N, K], b [N] or None."""
+    g = torch.Generator().manual_seed(1000 * k + rows)
+    x = torch.randn(rows, k, generator=g)
+    w = torch.randn(min(n, 64), k, generator=g).repeat(-(-n // 64), 1)[:n]
+    if k >= 2:
+        x[:, 0] = x[:, -1] = _BIG
+        w[:, 0], w[:, -1] = _BIG, -_BIG
+    b = torch.randn(n, generator=g).to(torch.bfloat16) if bias else None
+    return x.to(torch.bfloat16), w.to(torch.bfloat16), b
+
+
+def packed_product_matches(k: int, n: int, bias: bool, rows: int) -> bool:
+    """Whether the product of ``rows`` rows with a packed [n, k] bf16 weight (and a bias or not) equals
+    ``F.linear``'s at the current thread count: decided once per process on a probe built to expose any other
+    summation order (:func:`_probe`), then remembered for every module of that shape. Which kernel oneDNN runs, and
+    how it splits the sums, depends on the shapes and the threads, not on the values."""
+    key = (k, n, bias, rows, torch.get_num_threads())
+    verdict = _MATCHES.get(key)
+    if verdict is None:
+        x, w, b = _probe(rows, k, n, bias)
+        with torch.no_grad():
+            verdict = torch.equal(_packed_product(x, _pack(w), b), nn.functional.linear(x, w, b))
+        _MATCHES[key] = verdict
+    return verdict
+
+
 class PackedBf16Linear(nn.Module):
     """An ``nn.Linear`` with bf16 weights whose products up to ``PACKED_MAX_M`` rows use a oneDNN-packed copy of
-    the weight (see the module docstring). Build with :meth:`from_linear`, which returns None where the packed
-    product would not equal ``F.linear``'s."""
+    the weight where that product equals ``F.linear``'s (see the module docstring). Build with :meth:`from_linear`."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -68,7 +113,7 @@ class PackedBf16Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear) -> PackedBf16Linear | None:
         """The packed module, or None where packing is not offered (:func:`packing_available`), the weight is not
         bf16 or is an inference tensor (an executor built under ``torch.inference_mode``: it has no version counter
-        to tell a weight sync), or the self-check (1, 16 and 17 rows against ``F.linear``) finds a differing bit."""
+        to tell a weight sync)."""
         w = linear.weight
         if w.dtype != torch.bfloat16 or w.dim() != 2 or not packing_available(w.device)[0]:
             return None
@@ -76,14 +121,7 @@ class PackedBf16Linear(nn.Module):
             return None
         if linear.bias is not None and linear.bias.dtype != torch.bfloat16:
             return None
-        mod = cls(linear)
-        g = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for m in (1, 16, 17):
-                x = torch.randn(m, mod.in_features, generator=g).to(torch.bfloat16)
-                if not torch.equal(mod(x), nn.functional.linear(x, w, linear.bias)):
-                    return None
-        return mod
+        return cls(linear)
 
     def __getstate__(self):  # deepcopy / pickle: the packed copy is derived (and opaque); packed again when used
         state = self.__dict__.copy()
@@ -103,13 +141,14 @@ class PackedBf16Linear(nn.Module):
         if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not 0 < m <= PACKED_MAX_M or not x.is_contiguous()
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return nn.functional.linear(x, self.weight, self.bias)
-        x2 = x.view(m, self.in_features)  # [M, K]
-        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed_weight(), self.bias, "none", [], "")  # [M, N]
+        if not packed_product_matches(self.in_features, self.out_features, self.bias is not None, m):
+            return nn.functional.linear(x, self.weight, self.bias)
+        y = _packed_product(x.view(m, self.in_features), self.packed_weight(), self.bias)  # [M, N]
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"packed for oneDNN up to {PACKED_MAX_M} rows")
+                f"packed for oneDNN up to {PACKED_MAX_M} rows where that gives F.linear's bits")
 
 
 def pack_bf16_linears(model: nn.Module) -> int:
