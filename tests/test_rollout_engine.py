@@ -377,22 +377,38 @@ def test_scored_logprobs_equal_the_full_computation():
 
 
 
+@pytest.mark.parametrize("kernel", [False, True])
 @pytest.mark.parametrize("inference", [False, True])
-def test_exponential_race_equals_the_serial_loop(inference):
-    """The rows of the race drawn in parallel threads are the numbers a serial loop over the generators draws."""
+def test_exponential_race_equals_the_serial_loop(inference, kernel):
+    """The rows of the race, drawn by interq's kernel (``uniform_f64_rows``) or in parallel Python threads, are the
+    numbers a serial loop over the generators draws, and leave each generator where the loop leaves it: generators
+    already advanced, an odd vocabulary, and one generator named twice (drawn in row order)."""
+    from interq.quant import kernels
     from interq.rollout.sampling import exponential_race
+
+    if kernel and kernels.load() is None:
+        pytest.skip(f"interq's CPU kernels: {kernels.status()['reason']}")
+
+    def gens():
+        out = [torch.Generator().manual_seed(s) for s in range(7)]
+        for i, g in enumerate(out):
+            torch.rand(i * 5, generator=g)  # advanced by earlier draws (a double draw takes two 32-bit outputs)
+        return out + [out[2]]
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
+    kernels.set_enabled(kernel)
     try:
+        mine, ref_gens = gens(), gens()
         with torch.inference_mode(inference):
-            got = exponential_race([torch.Generator().manual_seed(s) for s in range(7)], 300)  # [7, 300]
-        ref = torch.stack(
-            [torch.empty(300, dtype=torch.float64).uniform_(generator=torch.Generator().manual_seed(s)) for s in range(7)]
-        )
+            got = exponential_race(mine, 301)  # [8, 301]
+        ref = torch.stack([torch.empty(301, dtype=torch.float64).uniform_(generator=g) for g in ref_gens])
         assert torch.equal(got, (-ref.clamp_min(torch.finfo(torch.float64).tiny).log()).float())
-        assert not torch.equal(got[0], got[1])
+        assert not torch.equal(got[0], got[1]) and not torch.equal(got[2], got[7])
+        for a, b in zip(mine, ref_gens):
+            assert torch.equal(torch.rand(9, generator=a), torch.rand(9, generator=b))
     finally:
+        kernels.set_enabled(True)
         torch.set_num_threads(threads)
 
 

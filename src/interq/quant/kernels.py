@@ -27,6 +27,10 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   bit for bit its eager chain)
 - ``masked_attention(q, k, v, mask, scale)``: the rollout's masked prefill attention (several new tokens over the
   cache), fp32 inside, for ``rollout.attention=packed_kernel``: to rounding, like ``decode_attention``
+- ``uniform_f64_rows(out, generators)``: row r of ``out`` [N, V] float64 = ``out[r].uniform_(generator=
+  generators[r])``, bit for bit, each generator advanced as by that call (the sampler's exponential race,
+  :func:`interq.rollout.sampling.exponential_race`): the generators' mt19937 inlined instead of one libtorch call per
+  number, rows in parallel
 - ``causal_attention_fwd(q, k, v, scale)`` / ``causal_attention_bwd(...)``: the learner's causal self-attention and
   its gradient in fp32 (``train.learner_attention=kernel``, :mod:`interq.train.learner_attention`): to rounding
 
@@ -148,7 +152,8 @@ def _build(openmp: bool, verbose: bool):
                                         "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
                                         "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_amx",
                                         "int8_gemm_amx", "decode_attention",
-                                        "causal_attention_fwd", "causal_attention_bwd", "masked_attention"],
+                                        "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
+                                        "uniform_f64_rows"],
                              extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
                              build_directory=str(build_dir), verbose=verbose)
 

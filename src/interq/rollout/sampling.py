@@ -113,10 +113,20 @@ def exponential_race(generators: Sequence[torch.Generator], vocab: int) -> torch
     2^-24 grid E near 0 comes in steps of 6e-8 (U = 1 - 2^-24 is hit once in 16.7 million per token, 0.3% of
     draws of 49k): the race values p / E of the smallest E are too coarse, which distorts rare tokens.
 
-    The draw is serial per generator, so rows are split over ``torch.get_num_threads()`` Python threads (torch
-    releases the GIL); each generator is used by one thread in its own order, so the numbers are those of the loop.
+    The draw is serial per generator. Where interq's CPU kernels load (:mod:`interq.quant.kernels`) the uniforms come
+    from ``uniform_f64_rows``, which writes the numbers ``Tensor.uniform_`` would with each generator's mt19937
+    inlined, rows over torch's threads (the same numbers and generator states, tested): the race of 16 rows of 49k
+    took 6.0 ms against 17.1 with the threads below at 2 threads, 10.1 against 14.7 at one (an Intel Xeon,
+    ``results/bench-2026-12-03-s17/sampling.log``). Otherwise rows are split over
+    ``torch.get_num_threads()`` Python threads (torch releases the GIL); each generator is used by one thread in its
+    own order, so the numbers are those of the loop (a generator named for two rows draws them in row order, on
+    one thread).
     """
     u = torch.empty((len(generators), vocab), dtype=torch.float64, device=generators[0].device)  # [N, V]
+    mod = _kernels() if u.device.type == "cpu" else None
+    if mod is not None:
+        mod.uniform_f64_rows(u, list(generators))
+        return u.clamp_min_(_TINY).log_().neg_().float()  # [N, V] fp32; E = -log U
     workers = min(torch.get_num_threads(), len(generators))
 
     inference = u.is_inference()  # inference mode is per thread: the pool's threads take the caller's
@@ -126,11 +136,22 @@ def exponential_race(generators: Sequence[torch.Generator], vocab: int) -> torch
             for i in rows:
                 u[i].uniform_(generator=generators[i])
 
-    if workers <= 1:
+    if workers <= 1 or len({id(g) for g in generators}) < len(generators):  # a generator twice: in row order
         fill(range(len(generators)))
     else:
         list(_pool(workers).map(fill, [range(w, len(generators), workers) for w in range(workers)]))
     return u.clamp_min_(_TINY).log_().neg_().float()  # [N, V] fp32; E = -log U
+
+
+def _kernels():
+    """interq's compiled CPU kernels when they load and have ``uniform_f64_rows`` (built once per machine, by
+    ``scripts/setup.sh`` ahead), else None: the draw stays torch's own."""
+    try:
+        from interq.quant import kernels
+    except ImportError:
+        return None
+    mod = kernels.load()
+    return mod if mod is not None and hasattr(mod, "uniform_f64_rows") else None
 
 
 def sample_tokens(

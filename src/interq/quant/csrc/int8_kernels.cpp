@@ -1282,3 +1282,47 @@ torch::Tensor masked_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   });
   return out;
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// uniform_f64_rows: the sampler's uniforms (interq.rollout.sampling.exponential_race): row r of out [N, V] float64
+// = what out[r].uniform_(generator=generators[r]) writes, bit for bit, each generator left as that call leaves it.
+// torch's CPU uniform_ on float64 takes, per element, random64() = two 32-bit outputs of the generator's mt19937
+// (the first in the high half), keeps the low 53 bits and scales them by 2^-53 (ATen's
+// transformation::uniform_real; tests/test_sampling.py compares). Its serial kernel calls the generator through
+// libtorch once per number; here a copy of the engine (ATen's header-only at::mt19937) runs inlined and is stored
+// back, rows in parallel, each under its generator's lock. Generators that appear twice are drawn in row order on
+// one thread (as the loop would).
+#include <ATen/CPUGeneratorImpl.h>
+#include <mutex>
+
+void uniform_f64_rows(torch::Tensor out, std::vector<at::Generator> generators) {
+  TORCH_CHECK(out.dim() == 2 && out.scalar_type() == torch::kFloat64 && out.is_contiguous() && out.device().is_cpu(),
+              "uniform_f64_rows: out must be a contiguous [N, V] float64 CPU tensor");
+  const int64_t n = out.size(0), v = out.size(1);
+  TORCH_CHECK(static_cast<int64_t>(generators.size()) == n, "uniform_f64_rows: one generator per row of out");
+  std::vector<at::CPUGeneratorImpl*> gens(n);
+  for (int64_t r = 0; r < n; ++r) {
+    TORCH_CHECK(generators[r].defined() && generators[r].device().is_cpu(), "uniform_f64_rows: CPU generators only");
+    gens[r] = at::check_generator<at::CPUGeneratorImpl>(generators[r]);
+  }
+  bool distinct = true;
+  for (int64_t r = 0; r < n && distinct; ++r)
+    for (int64_t s = r + 1; s < n; ++s)
+      if (gens[r] == gens[s]) { distinct = false; break; }
+  double* base = out.data_ptr<double>();
+  auto draw = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      std::lock_guard<std::mutex> lock(gens[r]->mutex_);
+      at::mt19937 engine = gens[r]->engine();
+      double* row = base + r * v;
+      for (int64_t j = 0; j < v; ++j) {
+        const uint64_t hi = engine(), lo = engine();
+        const uint64_t bits = ((hi << 32) | lo) & ((uint64_t(1) << 53) - 1);
+        row[j] = static_cast<double>(bits) * (1.0 / 9007199254740992.0);  // exact: 53 bits times 2^-53
+      }
+      gens[r]->set_engine(engine);
+    }
+  };
+  if (distinct) at::parallel_for(0, n, 1, draw);
+  else draw(0, n);
+}
