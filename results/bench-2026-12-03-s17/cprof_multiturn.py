@@ -1,0 +1,43 @@
+"""Seventeenth session: the Python side of bench_engine's multi-turn episodes (bf16 executor's engine, SmolLM2,
+16 episodes x 10 turns x (40 observation + 10 action tokens)) by cProfile. Usage: cprof_multiturn.py [THREADS]"""
+import cProfile
+import pstats
+import sys
+import time
+
+import torch
+
+from interq.machine import describe, machine_info
+from interq.models.pretrained import load_smollm2
+from interq.quant import BF16_EXECUTOR, make_executor
+from interq.rollout import RolloutEngine, SamplingParams
+from interq.rollout.attention import set_rollout_attention
+
+threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+torch.set_num_threads(threads)
+print(describe(machine_info()), flush=True)
+learner, _ = load_smollm2(torch.bfloat16)
+eng = RolloutEngine(set_rollout_attention(make_executor(learner, BF16_EXECUTOR), "sdpa_packed"),
+                    max_context_tokens=100_000)
+g = torch.Generator().manual_seed(0)
+obs = [torch.randint(10, 49000, (16, 40), generator=g) for _ in range(10)]
+
+
+def episodes():
+    batch = eng.new_batch(list(range(16)), SamplingParams(temperature=1.0, max_action_tokens=10))
+    for chunk in obs:
+        batch.step({i: chunk[i].tolist() for i in range(16)})
+    batch.close()
+
+
+episodes()
+t = time.perf_counter()
+episodes()
+print(f"multi-turn: {time.perf_counter() - t:.2f} s", flush=True)
+pr = cProfile.Profile()
+pr.enable()
+episodes()
+pr.disable()
+st = pstats.Stats(pr)
+st.sort_stats("tottime").print_stats(40)
+st.sort_stats("cumtime").print_stats(60)
