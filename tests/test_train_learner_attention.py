@@ -6,7 +6,7 @@ with tolerances that a wrong sign, a missing scale, a causal mask off by one or 
 orders of magnitude, at block boundaries (64 rows) and with non-contiguous inputs. In a model: the same log-probs
 and gradients as transformers' sdpa to float rounding, the proximal (no-grad) and the training forward the same
 bits, masked and non-causal calls left to sdpa, the model's implementation restored on exit. Config: ``auto``
-resolves to ``kernel`` where the kernels load, ``sdpa`` elsewhere; bad values are named.
+resolves to ``kernel`` where the kernels load on a CPU that is not Intel's, ``sdpa`` elsewhere; bad values are named.
 """
 
 from __future__ import annotations
@@ -176,9 +176,16 @@ def test_the_executor_copied_inside_the_context_is_not_given_it():
             pass
 
 
-def test_config_auto_resolves_to_the_kernel_where_it_loads(monkeypatch):
+def test_config_auto_resolves_to_the_kernel_where_it_loads_off_intel(monkeypatch):
+    from interq import machine
+
     assert LEARNER_ATTENTIONS[1:] == MODULE_CHOICES
+    monkeypatch.setattr(machine, "cpu_vendor", lambda: "AuthenticAMD")
     assert build_config("q-interq", []).train.learner_attention == "kernel"
+    monkeypatch.setattr(machine, "cpu_vendor", lambda: "GenuineIntel")  # torch's flash kernel is faster there
+    assert build_config("q-interq", []).train.learner_attention == "sdpa"
+    assert build_config("q-interq", ["train.learner_attention=kernel"]).train.learner_attention == "kernel"
+    monkeypatch.setattr(machine, "cpu_vendor", lambda: "AuthenticAMD")
     assert build_config("bf16", ["train.learner_attention=sdpa"]).train.learner_attention == "sdpa"
     assert resolve_learner_attention("auto", "cuda") == "sdpa"  # no GPU here: resolve_device refuses, sdpa
     with pytest.raises(ConfigError, match=r"train\.learner_attention='flash' is not accepted; choose one of "

@@ -48,6 +48,19 @@ def _cpuinfo() -> tuple[str, set[str], str]:
     return fields.get("model name") or platform.processor() or platform.machine(), flags, ident
 
 
+def cpu_vendor() -> str:
+    """The first CPU's ``vendor_id`` from /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``, ...; "" where not
+    readable)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "vendor_id":
+                return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _caches() -> str:
     """The first CPU's caches from sysfs, e.g. "L1d 48K, L1i 32K, L2 1024K, L3 32768K" ("" where not readable)."""
     out = []
