@@ -34,7 +34,7 @@ def test_packed_product_equals_f_linear_bit_for_bit_at_every_row_count(k, n, bia
     torch.set_num_threads(threads)
     try:
         g = torch.Generator().manual_seed(1)
-        # 96 rows with a bias at 2 threads: oneDNN's F.linear split the work otherwise than the packed product on the
+        # 96 rows of 576 x 192 at 2 threads: oneDNN's F.linear split the work otherwise than the packed product on the
         # Xeon with AMX (results/bench-2026-12-03-s17/packed_rows_grid.log); the first call of a case compares
         for m in (1, 2, 3, 7, 15, 16, 17, 31, 33, 48, 64, 96, 100, 128, 200, PACKED_MAX_M, PACKED_MAX_M + 1):
             x = torch.randn(m, k, generator=g).to(torch.bfloat16)
@@ -57,7 +57,7 @@ def test_a_case_whose_packed_product_differs_is_f_linears(monkeypatch):
     assert torch.equal(mod(x), ref) and calls == []
     monkeypatch.setitem(packed_linear._MATCHES, key, True)
     assert torch.equal(mod(x), ref) and calls == [5]
-    monkeypatch.delitem(packed_linear._MATCHES, key)  # a first call: compared on random inputs, then remembered
+    monkeypatch.delitem(packed_linear._MATCHES, key)  # a first call: compared on the probe, then remembered
     calls.clear()
     assert torch.equal(mod(x), ref)
     assert key in packed_linear._MATCHES and len(calls) == 1 + packed_linear._MATCHES[key]  # the probe, then x

@@ -1,5 +1,7 @@
-"""Seventeenth session: the Python side of bench_engine's multi-turn episodes (bf16 executor's engine, SmolLM2,
-16 episodes x 10 turns x (40 observation + 10 action tokens)) by cProfile. Usage: cprof_multiturn.py [THREADS]"""
+"""Seventeenth session: the Python side of bench_engine's multi-turn episodes (SmolLM2, 16 episodes x 10 turns x
+(40 observation + 10 action tokens)) by cProfile, on the bf16 executor's engine or the W8A8-KV8 executor's (its
+8-bit KV cache). Usage: cprof_multiturn.py [THREADS] [bf16|w8a8] (cprof_multiturn.log: 2 bf16;
+cprof_multiturn_int8.log: 2 w8a8)"""
 import cProfile
 import pstats
 import sys
@@ -9,7 +11,7 @@ import torch
 
 from interq.machine import describe, machine_info
 from interq.models.pretrained import load_smollm2
-from interq.quant import BF16_EXECUTOR, make_executor
+from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor, make_kv_cache
 from interq.rollout import RolloutEngine, SamplingParams
 from interq.rollout.attention import set_rollout_attention
 
@@ -17,8 +19,10 @@ threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 torch.set_num_threads(threads)
 print(describe(machine_info()), flush=True)
 learner, _ = load_smollm2(torch.bfloat16)
-eng = RolloutEngine(set_rollout_attention(make_executor(learner, BF16_EXECUTOR), "sdpa_packed"),
-                    max_context_tokens=100_000)
+qcfg = QuantConfig() if len(sys.argv) > 2 and sys.argv[2] == "w8a8" else BF16_EXECUTOR
+cache = {"cache_factory": lambda c: make_kv_cache(qcfg, c)} if qcfg is not BF16_EXECUTOR else {}
+eng = RolloutEngine(set_rollout_attention(make_executor(learner, qcfg), "sdpa_packed"), max_context_tokens=100_000,
+                    **cache)
 g = torch.Generator().manual_seed(0)
 obs = [torch.randint(10, 49000, (16, 40), generator=g) for _ in range(10)]
 

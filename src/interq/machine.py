@@ -24,10 +24,9 @@ from interq import allocator
 CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
-def _cpuinfo() -> tuple[str, set[str], str]:
-    """(model name, flags, "family F model M stepping S") of the first CPU in /proc/cpuinfo; the platform's name,
-    no flags and "" elsewhere. Family and model tell CPUs of one name apart (a VM's "AMD EPYC" covers several
-    generations, whose bf16 and int8 throughput differ: family 26 is Zen 5)."""
+def _first_cpu() -> tuple[dict[str, str], set[str]]:
+    """The first CPU's block of /proc/cpuinfo: (its "model name", "vendor_id", "cpu family", "model" and "stepping"
+    fields, its flags); empty where not readable."""
     fields: dict[str, str] = {}
     flags: set[str] = set()
     try:
@@ -40,25 +39,26 @@ def _cpuinfo() -> tuple[str, set[str], str]:
                 continue
             if key == "flags":
                 flags = set(value.split())
-            elif key in ("model name", "cpu family", "model", "stepping"):
+            elif key in ("model name", "vendor_id", "cpu family", "model", "stepping"):
                 fields.setdefault(key, value.strip())
     except OSError:
         pass
+    return fields, flags
+
+
+def _cpuinfo() -> tuple[str, set[str], str]:
+    """(model name, flags, "family F model M stepping S") of the first CPU in /proc/cpuinfo; the platform's name,
+    no flags and "" elsewhere. Family and model tell CPUs of one name apart (a VM's "AMD EPYC" covers several
+    generations, whose bf16 and int8 throughput differ: family 26 is Zen 5)."""
+    fields, flags = _first_cpu()
     ident = " ".join(f"{k.replace('cpu ', '')} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
     return fields.get("model name") or platform.processor() or platform.machine(), flags, ident
 
 
 def cpu_vendor() -> str:
-    """The first CPU's ``vendor_id`` from /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``, ...; "" where not
+    """The first CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``, ...; "" where /proc/cpuinfo is not
     readable)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "vendor_id":
-                return value.strip()
-    except OSError:
-        pass
-    return ""
+    return _first_cpu()[0].get("vendor_id", "")
 
 
 def _caches() -> str:

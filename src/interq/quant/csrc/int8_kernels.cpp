@@ -1288,7 +1288,7 @@ torch::Tensor masked_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
 // = what out[r].uniform_(generator=generators[r]) writes, bit for bit, each generator left as that call leaves it.
 // torch's CPU uniform_ on float64 takes, per element, random64() = two 32-bit outputs of the generator's mt19937
 // (the first in the high half), keeps the low 53 bits and scales them by 2^-53 (ATen's
-// transformation::uniform_real; tests/test_sampling.py compares). Its serial kernel calls the generator through
+// transformation::uniform_real; tests/test_rollout_engine.py compares). Its serial kernel calls the generator through
 // libtorch once per number; here a copy of the engine (ATen's header-only at::mt19937) runs inlined and is stored
 // back, rows in parallel, each under its generator's lock. Generators that appear twice are drawn in row order on
 // one thread (as the loop would).
