@@ -1,5 +1,5 @@
 """PackedBf16Linear (interq.quant.packed_linear): the executors' bf16 linears with their weights packed once for
-oneDNN give F.linear's bits at every row count they take, follow weight writes, keep ties and parameter names,
+oneDNN or for interq's AMX-BF16 kernel give F.linear's bits at every row count they take, follow weight writes, keep ties and parameter names,
 survive deepcopy, and leave the executors' outputs unchanged. Skipped where packing is not offered (a CPU without
 native bf16: torch's bf16 GEMMs are not oneDNN's there)."""
 
@@ -44,23 +44,91 @@ def test_packed_product_equals_f_linear_bit_for_bit_at_every_row_count(k, n, bia
 
 
 @needs_packing
-def test_a_case_whose_packed_product_differs_is_f_linears(monkeypatch):
+def test_each_case_takes_the_product_its_choice_names(monkeypatch):
     lin = _linear(64, 40, True, 3)
     mod = PackedBf16Linear.from_linear(lin)
     calls = []
-    real = packed_linear._packed_product
-    monkeypatch.setattr(packed_linear, "_packed_product", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    key = (64, 40, True, 5, torch.get_num_threads())
+    for name in ("_packed_product", "_amx_product"):
+        real = getattr(packed_linear, name)
+        monkeypatch.setattr(packed_linear, name, lambda *a, _n=name, _r=real: calls.append((_n, a[0].shape[0])) or _r(*a))
+    key = (64, 40, True, 5, torch.get_num_threads(), packed_linear._amx_on())
     x = torch.randn(5, 64).to(torch.bfloat16)
     ref = nn.functional.linear(x, lin.weight, lin.bias)
-    monkeypatch.setitem(packed_linear._MATCHES, key, False)  # as where oneDNN's two paths differ
+    monkeypatch.setitem(packed_linear._CHOICES, key, ("linear", 0))  # as where neither product gives its bits
     assert torch.equal(mod(x), ref) and calls == []
-    monkeypatch.setitem(packed_linear._MATCHES, key, True)
-    assert torch.equal(mod(x), ref) and calls == [5]
-    monkeypatch.delitem(packed_linear._MATCHES, key)  # a first call: compared on the probe, then remembered
+    monkeypatch.setitem(packed_linear._CHOICES, key, ("onednn", 0))
+    assert torch.equal(mod(x), ref) and calls == [("_packed_product", 5)]
+    if packed_linear._amx_on():
+        calls.clear()
+        monkeypatch.setitem(packed_linear._CHOICES, key, ("amx", 0))
+        assert torch.equal(mod(x), ref) and calls == [("_amx_product", 5)]
+    monkeypatch.delitem(packed_linear._CHOICES, key)  # a first call: compared on the probe, then remembered
     calls.clear()
     assert torch.equal(mod(x), ref)
-    assert key in packed_linear._MATCHES and len(calls) == 1 + packed_linear._MATCHES[key]  # the probe, then x
+    product, _ = packed_linear._CHOICES[key]
+    assert calls[-1] == ((f"_{product}_product" if product == "amx" else "_packed_product"), 5) or product == "linear"
+
+
+AMX, AMX_WHY = packed_linear.amx_available() if AVAILABLE else (False, WHY)
+needs_amx = pytest.mark.skipif(not AMX, reason=f"AMX-BF16 product: {AMX_WHY}")
+
+
+@needs_amx
+@pytest.mark.parametrize("k,n,bias", [(64, 40, True), (576, 192, False), (1536, 576, False), (96, 33, True)])
+@pytest.mark.parametrize("kb", [0, 1, 2])
+def test_amx_product_is_a_blocked_fp32_sum_rounded_once(k, n, bias, kb):
+    # the kernel's definition, in float64 where every partial sum of these small integers is exact: K blocks of kb
+    # chunks of 32 summed apart and added in order, the bias last, one rounding to bf16
+    g = torch.Generator().manual_seed(k + n + kb)
+    x = torch.randint(-8, 9, (37, k), generator=g).to(torch.bfloat16)
+    w = torch.randint(-8, 9, (n, k), generator=g).to(torch.bfloat16)
+    b = torch.randint(-50, 51, (n,), generator=g).to(torch.bfloat16) if bias else None
+    got = packed_linear._amx_product(x, packed_linear.pack_bf16_amx(w), n, b, kb)
+    want = x.double() @ w.double().T + (b.double() if bias else 0)
+    assert got.dtype == torch.bfloat16 and got.shape == (37, n)
+    assert torch.equal(got, want.to(torch.bfloat16))
+
+
+@needs_amx
+def test_amx_product_blocks_change_the_sums_and_the_probe_tells_them_apart():
+    # on the probe, K blocks of 2 chunks and none give other outputs: a wrong blocking could not pass for F.linear's
+    x, w, b = packed_linear._probe(16, 576, 64, False)
+    packed = packed_linear.pack_bf16_amx(w)
+    whole, blocked = (packed_linear._amx_product(x, packed, 64, b, kb) for kb in (0, 2))
+    assert (whole != blocked).float().mean() > 0.2
+
+
+@needs_amx
+def test_amx_product_rounds_and_propagates_special_values_as_f_linear():
+    k, n = 64, 48
+    x = torch.randn(6, k).to(torch.bfloat16)
+    w = (torch.randn(n, k) * 0.1).to(torch.bfloat16)
+    x[1, 3] = float("inf")
+    x[2, 5] = float("nan")
+    x[3] *= 1e-38  # products below fp32's normal range
+    w[7] = 0
+    x[4, :] = 3e38  # overflow to inf
+    got = packed_linear._amx_product(x, packed_linear.pack_bf16_amx(w), n, None, 0)
+    ref = nn.functional.linear(x, w)
+    assert torch.equal(got.isnan(), ref.isnan())
+    finite = ~ref.isnan()
+    assert torch.equal(got[finite], ref[finite])
+
+
+@needs_amx
+def test_amx_off_the_cases_take_the_earlier_products():
+    lin = _linear(576, 192, False, 9)
+    mod = PackedBf16Linear.from_linear(lin)
+    x = torch.randn(16, 576).to(torch.bfloat16)
+    try:
+        packed_linear.use_amx_product(False)
+        assert packed_linear.product_choice(576, 192, False, 16)[0] != "amx"
+        off = mod(x)
+        packed_linear.use_amx_product(True)
+        assert packed_linear.product_choice(576, 192, False, 16)[0] == "amx"
+        assert torch.equal(mod(x), off)
+    finally:
+        packed_linear.use_amx_product(True)
 
 
 def test_the_probe_shows_another_summation_order_in_most_bf16_outputs():

@@ -21,6 +21,9 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
 - ``int8_gemm_amx(a, packed, n)``: the same accumulator from the same packed weights by AMX-INT8 tiles, for any
   number of rows (K a multiple of 64; AMX builds on Linux only: ``has_int8_gemm_amx()``, which also asks the kernel
   for the tiles): the ``amx`` backend, 3x the VNNI kernel and 3.7x ``_int_mm`` at prefill sizes on one core
+- ``bf16_linear_amx(x, packed, n, bias, kb)``: a bf16 linear by AMX-BF16 tiles in fp32, K in blocks of ``kb``
+  chunks of 32, rounded once (``has_bf16_gemm_amx()``): ``F.linear``'s bits where oneDNN sums in that order, which
+  :mod:`interq.quant.packed_linear` checks on a probe per shape, row count and thread count before using it
 - ``decode_attention(q, k, v, mask, scale)``: one-token attention of the packed query heads of each KV head, fp32
   inside (``rollout.attention=packed_kernel``, :mod:`interq.rollout.attention`): NOT the same bits as torch's flash
   kernel (an opt-in computation of its own, to rounding; the two below are the others; every other kernel here is
@@ -151,7 +154,8 @@ def _build(openmp: bool, verbose: bool):
                              functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
                                         "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
                                         "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_amx",
-                                        "int8_gemm_amx", "decode_attention",
+                                        "int8_gemm_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
+                                        "decode_attention",
                                         "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
                                         "uniform_f64_rows"],
                              extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],

@@ -11,27 +11,39 @@ allows, which flattered the int8 executor's speed-up over it.
 
 :class:`PackedBf16Linear` replaces such an ``nn.Linear`` in an executor (:func:`interq.quant.make_executor`,
 ``pack_bf16``). It keeps the module's ``weight`` and ``bias`` parameters (the same tensors: tied embeddings stay
-tied, weight sync copies into them), and packs the weight with ``torch.ops.mkldnn._reorder_linear_weight`` for 16
-rows on first use and again after any write to it (tracked by the tensor's version counter). Up to
-``PACKED_MAX_M`` rows it multiplies by ``torch.ops.mkldnn._linear_pointwise`` with the packed weight where that gives
-``F.linear``'s bits (below); above (prefill: at 656 rows the packed product was 1.08x faster per decoder layer, at
-2,048 0.90x, ``results/bench-2026-12-03-s17/packed_prefill_speed.log``) and for anything else (not bf16, not
-CPU, not contiguous, autograd) it calls ``F.linear``.
+tied, weight sync copies into them). Up to ``PACKED_MAX_M`` rows it multiplies by one of two products where that
+product gives ``F.linear``'s bits (below), and by ``F.linear`` otherwise; above (prefill: at 656 rows oneDNN's
+packed product was 1.08x faster per decoder layer, at 2,048 0.90x, ``results/bench-2026-12-03-s17/
+packed_prefill_speed.log``) and for anything else (not bf16, not CPU, not contiguous, autograd) it calls ``F.linear``.
 
-**Same bits.** Whether the packed product equals ``F.linear``'s depends on the shape, the row count and the thread
-count: oneDNN picks its kernel and its split of the work from them, and ``F.linear``'s plain-weight path does not always
+- **interq's AMX-BF16 kernel** (``bf16_linear_amx`` in :mod:`interq.quant.kernels`; CPUs with AMX-BF16, where the
+  kernels build): the weight in AMX tile layout (:func:`pack_bf16_amx`), fp32 tile accumulators over k in chunks
+  of 32, in K blocks of a chosen size, rounded once to bf16. oneDNN's AMX kernels sum in this order, splitting K
+  into blocks by the shape and the row count (288 of SmolLM2's 576, 384 of its 1,536, from 64 rows up at two
+  threads), so a K blocking that reproduces ``F.linear``'s bits exists for most cases. At decode sizes it is 2.3-5x
+  oneDNN's packed product per call, whose fixed cost dominates small GEMMs (SmolLM2-135M's linears at 16 rows,
+  2 threads: 17.7 -> 8.0 ms per step, ``results/bench-2026-12-03-s18/``). :func:`use_amx_product` turns it off.
+- **oneDNN's packed product**: the weight packed with ``torch.ops.mkldnn._reorder_linear_weight`` for 16 rows,
+  multiplied by ``torch.ops.mkldnn._linear_pointwise``. Without the pack, every ``F.linear`` call reorders the whole
+  weight into oneDNN's blocked layout: on an Intel Xeon with AMX (``results/bench-2026-12-03-s16/``, one thread)
+  SmolLM2-135M's ``lm_head`` took 13.2 ms per call at 1 row and 9.5 ms packed.
+
+Both copies are made on first use and again after any write to the weight (tracked by the tensor's version counter).
+
+**Same bits.** Whether a product equals ``F.linear``'s depends on the shape, the row count and the thread count:
+oneDNN picks its kernel and its split of the work from them, and ``F.linear``'s plain-weight path does not always
 pick as the packed one does. On the Xeon with AMX (``results/bench-2026-12-03-s17/packed_rows_grid.log``, every row
 count 1-1,100 of seven shapes, with and without bias) one thread matched everywhere, while two threads differed from
-289-513 rows on in most shapes, and at 96 rows for 576 x 192 (seen on random inputs with a bias only; the probe
-below finds it without). So the product is never assumed equal: the
-first call of a (in, out, bias, rows, threads) case in the process compares the two products on a probe built so that
-any other summation order shows in the bf16 outputs (random products around two cancelling terms of +-2^22: on random
-inputs alone the two orders differed in only one output in thousands, and a check passed where the products
-differed), and every later call of that case, in any module of that shape, takes the packed product only where they
-matched, ``F.linear`` otherwise (:func:`packed_product_matches`; 5-35 ms per case for SmolLM2's layers, 0.1-0.2 s
-for its ``lm_head``). A pack for 1 row instead of 16 makes oneDNN pick other kernels still (other sums from 33 rows
-on), hence the pack for 16.
-:func:`packing_available` says where packing is not offered at all.
+289-513 rows on in most shapes, and at 96 rows for 576 x 192. So no product is ever assumed equal: the first call of
+a (in, out, bias, rows, threads) case in the process compares the products with ``F.linear``'s on a probe built so
+that any other summation order shows in the bf16 outputs (random products around two cancelling terms of +-2^22:
+on random inputs alone two orders differed in only one output in thousands, and a check passed where the products
+differed): the AMX kernel with each K blocking in turn (the one that last matched for the shape first), then
+oneDNN's packed product; every later call of that case, in any module of that shape, takes the first that matched,
+``F.linear`` where none did (:func:`product_choice`; a few ms per case for SmolLM2's layers, up to 0.2 s for its
+``lm_head``). A oneDNN pack for 1 row instead of 16 makes oneDNN pick other kernels still (other sums from 33 rows
+on), hence the pack for 16. :func:`packing_available` says where packing is not offered at all,
+:func:`amx_available` where the AMX kernel is not.
 """
 
 from __future__ import annotations
@@ -63,7 +75,9 @@ def _packed_product(x2: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor |
     return torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")  # [M, N]
 
 
-_MATCHES: dict[tuple[int, int, bool, int, int], bool] = {}  # (in, out, bias, rows, threads) -> same bits
+_CHOICES: dict[tuple, tuple[str, int]] = {}  # (in, out, bias, rows, threads, amx on) -> (product, kb)
+_LAST_KB: dict[tuple[int, int], int] = {}  # (in, out) -> the K blocking that last gave F.linear's bits
+_AMX = {"enabled": True}
 _BIG = 2.0 ** 11  # the probe's cancelling entries: products of +-2^22, whose fp32 ulp (0.5) shows in bf16 sums
 
 
@@ -82,19 +96,80 @@ def _probe(rows: int, k: int, n: int, bias: bool) -> tuple[torch.Tensor, torch.T
     return x.to(torch.bfloat16), w.to(torch.bfloat16), b
 
 
-def packed_product_matches(k: int, n: int, bias: bool, rows: int) -> bool:
-    """Whether the product of ``rows`` rows with a packed [n, k] bf16 weight (and a bias or not) equals
-    ``F.linear``'s at the current thread count: decided once per process on a probe built to expose any other
-    summation order (:func:`_probe`), then remembered for every module of that shape. Which kernel oneDNN runs, and
-    how it splits the sums, depends on the shapes and the threads, not on the values."""
-    key = (k, n, bias, rows, torch.get_num_threads())
-    verdict = _MATCHES.get(key)
-    if verdict is None:
+def amx_available() -> tuple[bool, str]:
+    """Whether the AMX-BF16 product can run here (interq's CPU kernels built for a CPU with AMX-BF16, on a Linux
+    kernel that lets the process use the tiles), and why not."""
+    from interq.quant import kernels
+
+    mod = kernels.load()
+    if mod is None:
+        return False, f"interq's CPU kernels are not loaded ({kernels.status()['reason']})"
+    if not mod.has_bf16_gemm_amx():
+        return False, "no AMX-BF16 here (the kernels were built without it, or the Linux kernel refused the tiles)"
+    return True, "available"
+
+
+def use_amx_product(enabled: bool) -> None:
+    """Turn the AMX-BF16 product on or off for this process (on by default where :func:`amx_available`): off, the
+    cases take oneDNN's packed product or ``F.linear`` as before it existed (for side-by-side timing)."""
+    _AMX["enabled"] = bool(enabled)
+
+
+def _amx_on() -> bool:
+    """Whether the AMX product is on and can run (the kernels' build is asked once; turning the kernels off is seen)."""
+    from interq.quant import kernels
+
+    if _AMX.get("here") is None:
+        _AMX["here"] = amx_available()[0]
+    return _AMX["enabled"] and _AMX["here"] and kernels.get() is not None
+
+
+def pack_bf16_amx(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] bf16 -> the AMX-BF16 product's layout [ceil(N / 16), K / 2, 16, 2] (K a multiple of 32): per block of
+    16 columns, the pairs of k of each column side by side (columns past N are zeros)."""
+    n, k = weight.shape
+    w = nn.functional.pad(weight.detach(), (0, 0, 0, -n % 16))  # [Np, K]
+    return w.view(-1, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def _amx_product(x2: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, kb: int) -> torch.Tensor:
+    from interq.quant import kernels
+
+    return kernels.get().bf16_linear_amx(x2, packed, n, bias, kb)  # [M, N]
+
+
+def _kb_candidates(k: int, n: int) -> list[int]:
+    """The K blockings (chunks of 32 k per block; 0 = none) to try, the one that last matched for the shape first."""
+    chunks = k // 32
+    order = [_LAST_KB.get((k, n), 0), 0, *range(2, chunks)]
+    return list(dict.fromkeys(order))
+
+
+def product_choice(k: int, n: int, bias: bool, rows: int) -> tuple[str, int]:
+    """Which product gives ``F.linear``'s bits for ``rows`` rows of an [n, k] bf16 weight (with a bias or not) at
+    the current thread count: ``("amx", kb)`` (interq's AMX-BF16 kernel with K blocks of ``kb`` chunks of 32),
+    ``("onednn", 0)`` (oneDNN's packed product) or ``("linear", 0)`` (neither: ``F.linear`` itself). Decided once
+    per process on a probe built to expose any other summation order (:func:`_probe`), then remembered for every
+    module of that shape. Which kernel oneDNN runs, and how it splits the sums, depends on the shapes and the
+    threads, not on the values."""
+    amx = _amx_on()
+    key = (k, n, bias, rows, torch.get_num_threads(), amx)
+    choice = _CHOICES.get(key)
+    if choice is None:
         x, w, b = _probe(rows, k, n, bias)
+        choice = ("linear", 0)
         with torch.no_grad():
-            verdict = torch.equal(_packed_product(x, _pack(w), b), nn.functional.linear(x, w, b))
-        _MATCHES[key] = verdict
-    return verdict
+            ref = nn.functional.linear(x, w, b)
+            if amx and k % 32 == 0:
+                packed = pack_bf16_amx(w)
+                for kb in _kb_candidates(k, n):
+                    if torch.equal(_amx_product(x, packed, n, b, kb), ref):
+                        choice, _LAST_KB[(k, n)] = ("amx", kb), kb
+                        break
+            if choice[0] == "linear" and torch.equal(_packed_product(x, _pack(w), b), ref):
+                choice = ("onednn", 0)
+        _CHOICES[key] = choice
+    return choice
 
 
 class PackedBf16Linear(nn.Module):
@@ -108,6 +183,8 @@ class PackedBf16Linear(nn.Module):
         self.bias = linear.bias
         self._packed: torch.Tensor | None = None  # an opaque oneDNN tensor: neither a buffer nor copied
         self._packed_version = -1
+        self._amx: torch.Tensor | None = None  # the AMX-BF16 layout (pack_bf16_amx), made when first used
+        self._amx_version = -1
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedBf16Linear | None:
@@ -126,6 +203,7 @@ class PackedBf16Linear(nn.Module):
     def __getstate__(self):  # deepcopy / pickle: the packed copy is derived (and opaque); packed again when used
         state = self.__dict__.copy()
         state["_packed"], state["_packed_version"] = None, -1
+        state["_amx"], state["_amx_version"] = None, -1
         return state
 
     def packed_weight(self) -> torch.Tensor:
@@ -135,15 +213,27 @@ class PackedBf16Linear(nn.Module):
             self._packed, self._packed_version = _pack(self.weight), version
         return self._packed
 
+    def amx_weight(self) -> torch.Tensor:
+        """The AMX-BF16 layout of the weight, made again after any in-place write to it."""
+        version = self.weight._version
+        if self._amx is None or self._amx_version != version:
+            self._amx, self._amx_version = pack_bf16_amx(self.weight), version
+        return self._amx
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.numel() // self.in_features if self.in_features else 0
         # strided inputs too: F.linear takes another path for them (a batched matmul), with other sums
         if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not 0 < m <= PACKED_MAX_M or not x.is_contiguous()
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return nn.functional.linear(x, self.weight, self.bias)
-        if not packed_product_matches(self.in_features, self.out_features, self.bias is not None, m):
+        product, kb = product_choice(self.in_features, self.out_features, self.bias is not None, m)
+        if product == "linear":
             return nn.functional.linear(x, self.weight, self.bias)
-        y = _packed_product(x.view(m, self.in_features), self.packed_weight(), self.bias)  # [M, N]
+        x2 = x.view(m, self.in_features)
+        if product == "amx":
+            y = _amx_product(x2, self.amx_weight(), self.out_features, self.bias, kb)  # [M, N]
+        else:
+            y = _packed_product(x2, self.packed_weight(), self.bias)  # [M, N]
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -13,6 +13,7 @@
 //                   (quantize, dequantize, plus the straight-through estimator's + 0), fp32
 //   int8_gemm_vnni: torch._int_mm's exact int32 accumulator from weights packed by pack_int8_vnni (AVX512-VNNI)
 //   int8_gemm_amx:  the same accumulator from the same packed weights by AMX-INT8 tiles, any number of rows
+//   bf16_linear_amx: F.linear of bf16 by AMX-BF16 tiles, oneDNN's sums where the caller's probe says so
 //   decode_attention: NOT an eager chain's bits: one-token GQA attention in fp32 for rollout.attention=packed_kernel
 //   causal_attention_fwd / _bwd: NOT an eager chain's bits: the learner's causal GQA attention and its gradient,
 //                   fp32, for train.learner_attention=kernel (at the end of this file)
@@ -696,6 +697,157 @@ torch::Tensor int8_gemm_amx(torch::Tensor a, torch::Tensor packed, int64_t n) {
 #else
   TORCH_CHECK(false, "int8_gemm_amx: this build has no AMX-INT8 (see has_int8_gemm_amx)");
   return a;
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// bf16 x bf16 -> bf16 linear by AMX-BF16 tiles (interq.quant.packed_linear): F.linear's bits where oneDNN's are these.
+//
+// out[m, n] = bf16(sum_k x[m, k] w[n, k] (+ bias[n])), the sum in fp32 tile accumulators, k in chunks of 32 (one
+// tdpbf16ps per 16 x 16 output tile and chunk, in k order), in K blocks of kb chunks (kb = 0: one block): each
+// block is summed from zero in the tiles and added to the running fp32 total in k order, as oneDNN's brgemm does
+// where it splits K (which it does, or not, by the shape, the row count and the threads: the caller compares this
+// product with F.linear's on a probe and passes the kb that gives its bits, never assuming one). The bias is added
+// in fp32 to the total, which is rounded to bf16 by vcvtneps2bf16 (round to nearest even), as oneDNN does.
+// Weights packed by interq.quant.packed_linear.pack_bf16_amx: [ceil(N / 16), K / 2, 16, 2] bf16, one column block's
+// 32 k (16 rows of 64 bytes: pairs of k for 16 columns) exactly an AMX weight tile. K a multiple of 32. The work is
+// split as int8_gemm_amx's (panels of 32 columns over the threads, in groups that stay in L2, row blocks of 32);
+// K is never split over threads, so the result does not depend on the thread count. At decode sizes (16 rows,
+// SmolLM2-135M's layers) this is 2.3-5x oneDNN's packed product per call, whose fixed cost dominates there.
+
+#if INTERQ_AMX_GEMM && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define INTERQ_AMX_BF16 1
+#else
+#define INTERQ_AMX_BF16 0
+#endif
+
+#if INTERQ_AMX_BF16
+namespace {
+// One block as amx_block's (same tiles and configuration), bf16 pairs into fp32 accumulators started at zero, over
+// kc chunks of 32 k; stores the fp32 sums to out (row stride ldo elements).
+template <bool R2, bool C2>
+void amx_bf16_block(const uint16_t* a, int64_t lda, const uint16_t* w0, const uint16_t* w1, int64_t kc, float* out,
+                    int64_t ldo) {
+  _tile_zero(0);
+  if (C2) _tile_zero(1);
+  if (R2) _tile_zero(2);
+  if (R2 && C2) _tile_zero(3);
+  for (int64_t c = 0; c < kc; ++c) {
+    _tile_loadd(4, a + c * 32, lda * 2);
+    _tile_loadd(6, w0 + c * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (R2) {
+      _tile_loadd(5, a + 16 * lda + c * 32, lda * 2);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+    if (C2) {
+      _tile_loadd(7, w1 + c * 512, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      if (R2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  const int64_t stride = ldo * 4;
+  _tile_stored(0, out, stride);
+  if (C2) _tile_stored(1, out + 16, stride);
+  if (R2) _tile_stored(2, out + 16 * ldo, stride);
+  if (R2 && C2) _tile_stored(3, out + 16 * ldo + 16, stride);
+}
+
+template <bool R2, bool C2>
+void amx_bf16_blocks(const uint16_t* a, int64_t lda, const uint16_t* w0, const uint16_t* w1, int64_t kc, int64_t kb,
+                     float* total, float* part) {
+  for (int64_t c0 = 0; c0 < kc; c0 += kb) {
+    const int64_t cc = std::min(kb, kc - c0);
+    amx_bf16_block<R2, C2>(a + c0 * 32, lda, w0 + c0 * 512, w1 + c0 * 512, cc, c0 == 0 ? total : part, 32);
+    if (c0 != 0)
+      for (int i = 0; i < 32 * 32; ++i) total[i] = total[i] + part[i];
+  }
+}
+}  // namespace
+#endif
+
+bool has_bf16_gemm_amx() {
+#if INTERQ_AMX_BF16
+  return amx_permitted();
+#else
+  return false;
+#endif
+}
+
+// x [M, K] bf16 contiguous (K a multiple of 32), packed [ceil(n / 16), K / 2, 16, 2] bf16, bias [n] bf16 or
+// undefined, kb: chunks of 32 k per K block (0: none) -> bf16 [M, n]
+torch::Tensor bf16_linear_amx(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias,
+                              int64_t kb) {
+#if INTERQ_AMX_BF16
+  TORCH_CHECK(amx_permitted(), "bf16_linear_amx: the Linux kernel does not let this process use AMX tiles");
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
+              "bf16_linear_amx: x must be a contiguous 2-D bf16 CPU tensor");
+  const int64_t m = x.size(0), k = x.size(1), nb = packed.size(0);
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kBFloat16 && packed.size(1) * 2 == k &&
+                  packed.size(2) == 16 && packed.size(3) == 2 && packed.is_contiguous(),
+              "bf16_linear_amx: packed must come from pack_bf16_amx for K = ", k);
+  TORCH_CHECK(k % 32 == 0, "bf16_linear_amx: K must be a multiple of 32, got ", k);
+  TORCH_CHECK(n > 16 * (nb - 1) && n <= 16 * nb, "bf16_linear_amx: n = ", n, " does not match ", nb, " blocks");
+  TORCH_CHECK(kb >= 0, "bf16_linear_amx: kb must be >= 0, got ", kb);
+  auto out = torch::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return out;
+  std::vector<float> bf(nb * 16, 0.f);  // the bias in fp32 (exact), zero-padded to whole column blocks
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kBFloat16,
+                "bf16_linear_amx: bias must be bf16 [n]");
+    const auto b = bias->contiguous();
+    const c10::BFloat16* bp = b.data_ptr<c10::BFloat16>();
+    for (int64_t j = 0; j < n; ++j) bf[j] = load_f(bp[j]);
+  }
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>());
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  const int64_t mb = (m + 31) / 32, kc = k / 32, kbb = kb > 0 ? std::min(kb, kc) : kc, panels = (nb + 1) / 2;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    alignas(64) float total[32 * 32];
+    alignas(64) float part[32 * 32];
+    int config = -1;
+    const int64_t group = std::max<int64_t>(1, kAmxL2WeightBytes / (32 * k * 2));
+    for (int64_t g0 = p0; g0 < p1; g0 += group) {
+      for (int64_t rb = 0; rb < mb; ++rb) {
+        const int rows = static_cast<int>(std::min<int64_t>(32, m - 32 * rb));
+        if (rows != config) {
+          amx_configure(std::min(rows, 16), std::max(rows - 16, 0));
+          config = rows;
+        }
+        const uint16_t* ab = xp + 32 * rb * k;
+        for (int64_t p = g0; p < std::min(p1, g0 + group); ++p) {
+          const int64_t b = 2 * p;
+          const bool c2 = nb - b >= 2;
+          const uint16_t* w0 = wp + b * k * 16;
+          const uint16_t* w1 = c2 ? w0 + k * 16 : w0;
+          if (rows > 16) {
+            if (c2) amx_bf16_blocks<true, true>(ab, k, w0, w1, kc, kbb, total, part);
+            else amx_bf16_blocks<true, false>(ab, k, w0, w1, kc, kbb, total, part);
+          } else {
+            if (c2) amx_bf16_blocks<false, true>(ab, k, w0, w1, kc, kbb, total, part);
+            else amx_bf16_blocks<false, false>(ab, k, w0, w1, kc, kbb, total, part);
+          }
+          const int64_t cols = std::min<int64_t>(n - 16 * b, 32);
+          for (int r = 0; r < rows; ++r) {
+            uint16_t* dst = op + (32 * rb + r) * n + 16 * b;
+            for (int64_t j = 0; j < cols; j += 16) {
+              const __mmask16 keep = static_cast<__mmask16>((1u << std::min<int64_t>(16, cols - j)) - 1u);
+              __m512 v = _mm512_load_ps(total + r * 32 + j);
+              if (has_bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bf.data() + 16 * b + j));
+              _mm256_mask_storeu_epi16(dst + j, keep, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+            }
+          }
+        }
+      }
+    }
+    if (config != -1) _tile_release();
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "bf16_linear_amx: this build has no AMX-BF16 (see has_bf16_gemm_amx)");
+  return x;
 #endif
 }
 
