@@ -14,6 +14,7 @@
 //   int8_gemm_vnni: torch._int_mm's exact int32 accumulator from weights packed by pack_int8_vnni (AVX512-VNNI)
 //   int8_gemm_amx:  the same accumulator from the same packed weights by AMX-INT8 tiles, any number of rows
 //   bf16_linear_amx: F.linear of bf16 by AMX-BF16 tiles, oneDNN's sums where the caller's probe says so
+//   rms_norm_bf16:  transformers' Llama / Qwen RMSNorm of bf16 rows with torch's summation order (interq.quant.rms_norm)
 //   decode_attention: NOT an eager chain's bits: one-token GQA attention in fp32 for rollout.attention=packed_kernel
 //   causal_attention_fwd / _bwd: NOT an eager chain's bits: the learner's causal GQA attention and its gradient,
 //                   fp32, for train.learner_attention=kernel (at the end of this file)
@@ -849,6 +850,132 @@ torch::Tensor bf16_linear_amx(torch::Tensor x, torch::Tensor packed, int64_t n, 
   TORCH_CHECK(false, "bf16_linear_amx: this build has no AMX-BF16 (see has_bf16_gemm_amx)");
   return x;
 #endif
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// RMSNorm of bf16 rows as transformers' Llama / Qwen modules compute it eagerly, bit for bit (interq.quant.rms_norm):
+//   h = x.float(); var = (h * h).sum(-1) / n; r = 1 / sqrt(var + eps); out = bf16(w * bf16(h * r))
+// with torch's own summation order: its CPU sum of a contiguous row (SumKernel's vectorized inner sum) adds the row
+// as vectors of `lanes` floats (torch's Vectorized<float>: 16 on its AVX512 build, 8 on AVX2), four running
+// accumulators side by side with a cascade of levels (row_sum / multi_row_sum), then the scalar tail, then the
+// lanes in order; rows shorter than one vector are summed as scalars the same way. Every other step is one IEEE
+// operation per element (torch.mean is sum then division on the CPU; torch.rsqrt is 1 / sqrt). Rows in parallel.
+namespace {
+int64_t ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  return 64 - __builtin_clzll(static_cast<uint64_t>(x - 1));
+}
+
+// acc[k][0..w) += data of the "row" i, element k: the rows are ilp = 4 consecutive groups of w floats
+// (w = lanes: vectors; w = 1: scalars); size rows; returns the four partial sums (each w wide) in p
+void multi_row_sum4(const float* x, int64_t w, int64_t size, float* p) {
+  constexpr int kLevels = 4, kRows = 4;
+  const int64_t level_power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
+  const int64_t level_step = int64_t(1) << level_power, level_mask = level_step - 1;
+  float acc[kLevels][kRows][16];
+  for (int l = 0; l < kLevels; ++l)
+    for (int k = 0; k < kRows; ++k)
+      for (int64_t e = 0; e < w; ++e) acc[l][k][e] = 0.f;
+  int64_t i = 0;
+  for (; i + level_step <= size;) {
+    for (int64_t j = 0; j < level_step; ++j, ++i)
+      for (int k = 0; k < kRows; ++k)
+        for (int64_t e = 0; e < w; ++e) acc[0][k][e] += x[(i * kRows + k) * w + e];
+    for (int l = 1; l < kLevels; ++l) {
+      for (int k = 0; k < kRows; ++k)
+        for (int64_t e = 0; e < w; ++e) {
+          acc[l][k][e] += acc[l - 1][k][e];
+          acc[l - 1][k][e] = 0.f;
+        }
+      if ((i & (level_mask << (l * level_power))) != 0) break;
+    }
+  }
+  for (; i < size; ++i)
+    for (int k = 0; k < kRows; ++k)
+      for (int64_t e = 0; e < w; ++e) acc[0][k][e] += x[(i * kRows + k) * w + e];
+  for (int l = 1; l < kLevels; ++l)
+    for (int k = 0; k < kRows; ++k)
+      for (int64_t e = 0; e < w; ++e) acc[0][k][e] += acc[l][k][e];
+  for (int k = 0; k < kRows; ++k)
+    for (int64_t e = 0; e < w; ++e) p[k * w + e] = acc[0][k][e];
+}
+
+// torch's CPU sum of a contiguous float row of n elements, for its Vectorized<float> of `lanes` floats
+float torch_row_sum(const float* x, int64_t n, int64_t lanes) {
+  float p[4 * 16];
+  if (n < lanes) {  // scalar_inner_sum: row_sum over scalars
+    const int64_t size_ilp = n / 4;
+    multi_row_sum4(x, 1, size_ilp, p);
+    for (int64_t i = size_ilp * 4; i < n; ++i) p[0] += x[i];
+    for (int k = 1; k < 4; ++k) p[0] += p[k];
+    return p[0];
+  }
+  const int64_t nv = n / lanes, size_ilp = nv / 4;  // vectorized_inner_sum: row_sum over vectors
+  multi_row_sum4(x, lanes, size_ilp, p);
+  for (int64_t i = size_ilp * 4; i < nv; ++i)
+    for (int64_t e = 0; e < lanes; ++e) p[e] += x[i * lanes + e];
+  for (int k = 1; k < 4; ++k)
+    for (int64_t e = 0; e < lanes; ++e) p[e] += p[k * lanes + e];
+  float total = 0.f;
+  for (int64_t i = nv * lanes; i < n; ++i) total += x[i];
+  for (int64_t e = 0; e < lanes; ++e) total += p[e];
+  return total;
+}
+
+void check_lanes(const char* fn, int64_t lanes) {
+  TORCH_CHECK(lanes == 8 || lanes == 16, fn, ": lanes must be 8 (torch's AVX2 build) or 16 (AVX512), got ", lanes);
+}
+}  // namespace
+
+// x [R, n] float, contiguous -> [R]: each row's sum in torch's CPU order (for the tests and the first-use check)
+torch::Tensor torch_row_sums(torch::Tensor x, int64_t lanes) {
+  check_lanes("torch_row_sums", lanes);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.device().is_cpu(),
+              "torch_row_sums: x must be a 2-D float CPU tensor");
+  x = x.contiguous();
+  const int64_t r = x.size(0), n = x.size(1);
+  auto out = torch::empty({r}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t i = 0; i < r; ++i) op[i] = torch_row_sum(xp + i * n, n, lanes);
+  return out;
+}
+
+// x [..., n] bf16 contiguous, w [n] bf16, eps (a Python float: used as float, as torch adds it) -> bf16 [..., n]
+torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor w, double eps, int64_t lanes) {
+  check_lanes("rms_norm_bf16", lanes);
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.device().is_cpu() && x.is_contiguous() && x.dim() >= 1,
+              "rms_norm_bf16: x must be a contiguous bf16 CPU tensor");
+  const int64_t n = x.size(-1);
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == n && w.scalar_type() == torch::kBFloat16,
+              "rms_norm_bf16: w must be bf16 [", n, "]");
+  TORCH_CHECK(n > 0, "rms_norm_bf16: empty rows");
+  const auto wc = w.contiguous();
+  auto out = torch::empty_like(x);
+  const int64_t rows = x.numel() / n;
+  const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* wp = wc.data_ptr<c10::BFloat16>();
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  const float eps_f = static_cast<float>(eps), n_f = static_cast<float>(n);
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
+    std::vector<float> h(n), sq(n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const c10::BFloat16* row = xp + r * n;
+      for (int64_t j = 0; j < n; ++j) {
+        h[j] = load_f(row[j]);
+        sq[j] = h[j] * h[j];
+      }
+      const float var = torch_row_sum(sq.data(), n, lanes) / n_f;
+      const float inv = 1.f / std::sqrt(var + eps_f);
+      c10::BFloat16* dst = op + r * n;
+      for (int64_t j = 0; j < n; ++j) {
+        c10::BFloat16 hb;
+        store_f(h[j] * inv, &hb);
+        store_f(load_f(wp[j]) * load_f(hb), dst + j);
+      }
+    }
+  });
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------------------------------
