@@ -86,3 +86,44 @@ def test_int8_accumulate_takes_amx_where_k_allows_and_the_vnni_path_elsewhere(k)
         a = _codes((m, k), m)
         ref = torch.nn.functional.pad(a, (0, kp - k)).long() @ w.long()
         assert torch.equal(int8_accumulate(a, w, vnni=vnni_pack(w), amx=True).long(), ref)
+
+
+@needs_amx
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 100, 300])
+@pytest.mark.parametrize("k,kp,sizes", [(576, 576, (576, 192, 192)), (1536, 1536, (576,)), (100, 128, (40, 24)),
+                                        (64, 64, (16, 3))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("scalar_scale", [False, True])
+def test_int8_linear_amx_equals_quantize_accumulate_epilogue_called_in_turn(m, k, kp, sizes, dtype, scalar_scale):
+    from interq.quant.linear import amx_linear, epilogue_split, quant_act_int8
+
+    g = torch.Generator().manual_seed(m + k)
+    x = (torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, k, generator=g))).to(dtype)
+    if m > 3:
+        x[2] = 0  # a zero row: scale 0
+        x[3, 1] = float("nan")  # a NaN row: NaN outputs (0x7FC0 in bf16, as torch writes them)
+        x[1, 0] = float("inf")
+    n = sum(sizes)
+    w = _codes((kp, -(-n // 16) * 16), k)
+    s_w = torch.tensor(0.013) if scalar_scale else torch.rand(w.shape[1], generator=g) * 0.01
+    q, s_a = quant_act_int8(x, "half_even", 8)
+    ref = epilogue_split(int8_accumulate(q, w, vnni=vnni_pack(w), amx=True), s_a, s_w, None, sizes, dtype)
+    got = amx_linear(x, w, vnni_pack(w), s_w, sizes, None, "half_even", 8, dtype, True)
+    assert got is not None and len(got) == len(sizes)
+    for a, b, size in zip(got, ref, sizes):
+        assert a.shape == (m, size) and a.is_contiguous()
+        assert torch.equal(a.view(torch.int16) if dtype != torch.float32 else a.view(torch.int32),
+                           b.view(torch.int16) if dtype != torch.float32 else b.view(torch.int32))  # bits, NaNs too
+
+
+@needs_amx
+def test_amx_linear_declines_what_it_does_not_compute():
+    from interq.quant.linear import amx_linear
+
+    x, w = torch.randn(4, 64), _codes((64, 16), 0)
+    s = torch.ones(16)
+    assert amx_linear(x, w, vnni_pack(w), s, (16,), torch.zeros(16), "half_even", 8, torch.float32, True) is None
+    assert amx_linear(x, w, vnni_pack(w), s, (16,), None, "half_away", 8, torch.float32, True) is None
+    assert amx_linear(x, w, vnni_pack(w), s, (16,), None, "half_even", 8, torch.float32, False) is None
+    assert amx_linear(x, _codes((72, 16), 0), vnni_pack(_codes((72, 16), 0)), s, (16,), None, "half_even", 8,
+                      torch.float32, True) is None  # Kp not a multiple of 64

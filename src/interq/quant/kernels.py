@@ -154,7 +154,7 @@ def _build(openmp: bool, verbose: bool):
                              functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
                                         "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
                                         "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_amx",
-                                        "int8_gemm_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
+                                        "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
                                         "torch_row_sums", "rms_norm_bf16",
                                         "decode_attention",
                                         "causal_attention_fwd", "causal_attention_bwd", "masked_attention",

@@ -245,8 +245,30 @@ def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: 
     accumulator comes from that backend instead of ``torch._int_mm`` (:func:`int8_accumulate`): the same int32 values. ``a_bits`` < 8
     narrows the activation codes (still int8 tensors); narrower weight codes arrive as they are in ``wq_t``: the
     GEMM and the epilogue do not change."""
+    whole = amx_linear(x2, wq_t, vnni, s_w, (n_out,), bias, rounding, a_bits, out_dtype, amx)
+    if whole is not None:
+        return whole[0]
     q, s_a = quant_act_int8(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
     return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32, vnni, amx)
+
+
+_AMX_LINEAR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def amx_linear(x2: torch.Tensor, wq_t: torch.Tensor, vnni: torch.Tensor | None, s_w: torch.Tensor,
+               sizes: tuple[int, ...], bias: torch.Tensor | None, rounding: str, a_bits: int,
+               out_dtype: torch.dtype, amx: bool) -> list[torch.Tensor] | None:
+    """The whole W8A8 linear (activation quantization, accumulator, each member's epilogue) in one call of the
+    kernels' ``int8_linear_amx`` where it applies (the ``amx`` backend on the CPU, no bias, half-even activation
+    rounding, no autograd): the values of :func:`quant_act_int8`, :func:`int8_accumulate` and
+    :func:`epilogue_split` called in turn (tested), one contiguous [M, N_i] tensor per member; None elsewhere."""
+    if not amx or vnni is None or bias is not None or rounding != "half_even" or x2.device.type != "cpu":
+        return None
+    mod = kernels.get()
+    if (mod is None or x2.requires_grad or x2.dim() != 2 or wq_t.shape[0] % 64 or x2.dtype not in _AMX_LINEAR_DTYPES
+            or out_dtype not in _AMX_LINEAR_DTYPES):
+        return None
+    return mod.int8_linear_amx(x2.contiguous(), vnni, s_w, list(sizes), int_qmax(a_bits), out_dtype)
 
 
 def int8_gemm(q: torch.Tensor, s_a: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int,
@@ -405,6 +427,10 @@ class FusedQuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [..., K] -> one [..., N_i] tensor per member (contiguous, x's dtype)."""
         x2 = x.reshape(-1, self.in_features)  # [M, K]
+        outs = amx_linear(x2, self.weight_q, self.weight_vnni, self.weight_scale, self.sizes, self.bias,
+                          self.qcfg.a_int8_rounding, self.qcfg.a_bits, x.dtype, self.int8_backend == "amx")
+        if outs is not None:
+            return tuple(o.reshape(*x.shape[:-1], n) for o, n in zip(outs, self.sizes))
         q, s_a = quant_act_int8(x2, self.qcfg.a_int8_rounding, self.qcfg.a_bits)  # [M, K], [M, 1]
         acc = int8_accumulate(q, self.weight_q, self.weight_codes_f32, self.weight_vnni,
                               self.int8_backend == "amx")  # [M, Np]

@@ -13,6 +13,7 @@
 //                   (quantize, dequantize, plus the straight-through estimator's + 0), fp32
 //   int8_gemm_vnni: torch._int_mm's exact int32 accumulator from weights packed by pack_int8_vnni (AVX512-VNNI)
 //   int8_gemm_amx:  the same accumulator from the same packed weights by AMX-INT8 tiles, any number of rows
+//   int8_linear_amx: quant_act_int8, int8_gemm_amx and epilogue in one call, the same values
 //   bf16_linear_amx: F.linear of bf16 by AMX-BF16 tiles, oneDNN's sums where the caller's probe says so
 //   rms_norm_bf16:  transformers' Llama / Qwen RMSNorm of bf16 rows with torch's summation order (interq.quant.rms_norm)
 //   decode_attention: NOT an eager chain's bits: one-token GQA attention in fp32 for rollout.attention=packed_kernel
@@ -29,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -120,14 +122,15 @@ inline int8_t to_code(float v, float lo, float hi, bool trunc) {
 }
 
 template <typename T>
-void quant_rows(const T* x, int64_t rows, int64_t k, int64_t ld, int qmax, int8_t* q, float* s) {
+void quant_rows(const T* x, int64_t rows, int64_t k, int64_t ld, int qmax, int8_t* q, float* s, int64_t ldq = -1) {
+  if (ldq < 0) ldq = k;  // the codes' row stride (int8_linear_amx pads rows to the packed K)
   const float lo = -float(qmax + 1), hi = float(qmax);
   for (int64_t m = 0; m < rows; ++m) {
     const T* row = x + m * ld;
     float amax = row_amax(row, k);
     // amax.reciprocal().mul_(qmax).masked_fill_(amax == 0, 0): a true division, then a multiply
     float inv = amax == 0.f ? 0.f : (1.0f / amax) * float(qmax);
-    int8_t* qr = q + m * k;
+    int8_t* qr = q + m * ldq;
     for (int64_t j = 0; j < k; ++j) qr[j] = to_code(load_f(row[j]) * inv, lo, hi, false);
     s[m] = amax / float(qmax);
   }
@@ -698,6 +701,177 @@ torch::Tensor int8_gemm_amx(torch::Tensor a, torch::Tensor packed, int64_t n) {
 #else
   TORCH_CHECK(false, "int8_gemm_amx: this build has no AMX-INT8 (see has_int8_gemm_amx)");
   return a;
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// The whole W8A8 linear (or fused q|k|v / gate|up group) in one call on AMX: quant_act_int8 of the rows, the
+// int8_gemm_amx accumulator, then the epilogue of each member, with the SAME values as those three kernels (the
+// same per-row and per-element code), but the rows quantized over the threads, and each 32 x 32 block of the
+// accumulator turned into the members' outputs while it is in the cache (no int32 [M, N] in memory). At decode
+// sizes the three calls' fixed costs were most of a group's time (SmolLM2 gate|up at 16 rows: 9 + 38 + 24 us of
+// kernels, 85-120 us called in turn).
+
+#if INTERQ_AMX_GEMM
+namespace {
+template <typename T>
+void quant_rows_padded(const T* x, int64_t m, int64_t k, int64_t kp, int qmax, int8_t* q, float* s) {
+  at::parallel_for(0, m, std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1)), [&](int64_t r0, int64_t r1) {
+    quant_rows(x + r0 * k, r1 - r0, k, k, qmax, q + r0 * kp, s + r0, kp);
+  });
+}
+
+template <typename O>
+void epilogue_block(const int32_t* acc, int rows, int64_t row0, int64_t col0, int64_t cols, const float* s_a,
+                    const float* s_w, bool s_w_scalar, const std::vector<int64_t>& starts,
+                    const std::vector<int64_t>& sizes, const std::vector<O*>& outs) {
+  for (size_t i = 0; i < sizes.size(); ++i) {  // the block's columns [col0, col0 + cols) of each member
+    const int64_t lo = std::max(col0, starts[i]), hi = std::min(col0 + cols, starts[i] + sizes[i]);
+    if (lo >= hi) continue;
+    for (int r = 0; r < rows; ++r) {
+      const int32_t* a = acc + r * 32 + (lo - col0);
+      const float sa = s_a[row0 + r];
+      O* o = outs[i] + (row0 + r) * sizes[i] + (lo - starts[i]);
+      int64_t j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      if constexpr (std::is_same_v<O, c10::BFloat16>) {  // 16 at a time: the same products, store_f's rounding
+        const __m512 vsa = _mm512_set1_ps(sa);
+        for (; j + 16 <= hi - lo; j += 16) {
+          const __m512 w = s_w_scalar ? _mm512_set1_ps(s_w[0]) : _mm512_loadu_ps(s_w + lo + j);
+          const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(a + j)), w), vsa);
+          const __m512i u = _mm512_castps_si512(v);
+          const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+          __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+          r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + j), _mm512_cvtepi32_epi16(r));
+        }
+      }
+#endif
+      if (s_w_scalar) {
+        const float sw = s_w[0];
+        for (; j < hi - lo; ++j) store_f((static_cast<float>(a[j]) * sw) * sa, o + j);
+      } else {
+        const float* sw = s_w + lo;
+        for (; j < hi - lo; ++j) store_f((static_cast<float>(a[j]) * sw[j]) * sa, o + j);
+      }
+    }
+  }
+}
+
+template <typename T, typename O>
+void int8_linear_amx_impl(const T* x, int64_t m, int64_t k, const uint8_t* wp, int64_t nb, int64_t kp, int qmax,
+                          const float* s_w, bool s_w_scalar, const std::vector<int64_t>& sizes,
+                          const std::vector<O*>& outs) {
+  std::vector<int8_t> q(m * kp, 0);  // the codes, zero-padded to the packed K
+  std::vector<float> s_a(m);
+  quant_rows_padded(x, m, k, kp, qmax, q.data(), s_a.data());
+  const int64_t mb = (m + 31) / 32, kc = kp / 64, panels = (nb + 1) / 2;
+  std::vector<int32_t> init((mb * 32) * 16, 0);
+  const std::vector<int32_t> sums = row_sums(q.data(), m, kp);
+  for (int64_t r = 0; r < m; ++r) std::fill_n(init.begin() + r * 16, 16, -128 * sums[r]);
+  std::vector<int64_t> starts(sizes.size(), 0);
+  int64_t total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    starts[i] = total;
+    total += sizes[i];
+  }
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    alignas(64) int32_t scratch[32 * 32];
+    int config = -1;
+    const int64_t group = std::max<int64_t>(1, kAmxL2WeightBytes / (32 * kp));
+    for (int64_t g0 = p0; g0 < p1; g0 += group) {
+      for (int64_t rb = 0; rb < mb; ++rb) {
+        const int rows = static_cast<int>(std::min<int64_t>(32, m - 32 * rb));
+        if (rows != config) {
+          amx_configure(std::min(rows, 16), std::max(rows - 16, 0));
+          config = rows;
+        }
+        const int8_t* ab = q.data() + 32 * rb * kp;
+        const int32_t* ib = init.data() + 32 * rb * 16;
+        for (int64_t p = g0; p < std::min(p1, g0 + group); ++p) {
+          const int64_t b = 2 * p;
+          const bool c2 = nb - b >= 2;
+          const uint8_t* w0 = wp + b * kp * 16;
+          const uint8_t* w1 = c2 ? w0 + kp * 16 : w0;
+          if (rows > 16) {
+            if (c2) amx_block<true, true>(ab, kp, w0, w1, kc, ib, scratch, 32);
+            else amx_block<true, false>(ab, kp, w0, w1, kc, ib, scratch, 32);
+          } else {
+            if (c2) amx_block<false, true>(ab, kp, w0, w1, kc, ib, scratch, 32);
+            else amx_block<false, false>(ab, kp, w0, w1, kc, ib, scratch, 32);
+          }
+          const int64_t cols = std::min<int64_t>(total - 16 * b, 32);
+          if (cols > 0)
+            epilogue_block(scratch, rows, 32 * rb, 16 * b, cols, s_a.data(), s_w, s_w_scalar, starts, sizes, outs);
+        }
+      }
+    }
+    if (config != -1) _tile_release();
+  });
+}
+}  // namespace
+#endif
+
+// x [M, K] (float32, bfloat16 or float16, contiguous), packed from pack_int8_vnni of the group's codes [Kp, Np]
+// (Kp a multiple of 64), s_w fp32 [>= sum(sizes)] or one scale, sizes: the members' columns, qmax: the activation
+// codes' bound -> one contiguous [M, sizes[i]] tensor per member in out_dtype: the values of quant_act_int8,
+// int8_gemm_amx and epilogue called in turn
+std::vector<torch::Tensor> int8_linear_amx(torch::Tensor x, torch::Tensor packed, torch::Tensor s_w,
+                                           std::vector<int64_t> sizes, int64_t qmax, torch::ScalarType out_dtype) {
+#if INTERQ_AMX_GEMM
+  TORCH_CHECK(amx_permitted(), "int8_linear_amx: the Linux kernel does not let this process use AMX tiles");
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && x.is_contiguous(), "int8_linear_amx: x must be a contiguous 2-D CPU tensor");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == 16 &&
+                  packed.size(3) == 4 && packed.is_contiguous(),
+              "int8_linear_amx: packed must come from pack_int8_vnni");
+  const int64_t m = x.size(0), k = x.size(1), nb = packed.size(0), kp = 4 * packed.size(1);
+  TORCH_CHECK(kp % 64 == 0 && k <= kp, "int8_linear_amx: the packed K (", kp, ") must be a multiple of 64, >= K = ", k);
+  int64_t total = 0;
+  for (auto n : sizes) total += n;
+  TORCH_CHECK(total <= 16 * nb, "int8_linear_amx: the members' sizes exceed the packed columns");
+  s_w = s_w.contiguous();
+  TORCH_CHECK(s_w.scalar_type() == torch::kFloat32, "int8_linear_amx: fp32 weight scales");
+  const bool scalar = s_w.numel() == 1;
+  TORCH_CHECK(scalar || s_w.numel() >= total, "int8_linear_amx: s_w must be a scalar or hold one scale per column");
+  std::vector<torch::Tensor> outs;
+  for (auto n : sizes) outs.push_back(torch::empty({m, n}, x.options().dtype(out_dtype)));
+  if (m == 0) return outs;
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* swp = s_w.data_ptr<float>();
+  const int qm = static_cast<int>(qmax);
+  auto run = [&](auto* xp) {
+    switch (out_dtype) {
+      case torch::kFloat32: {
+        std::vector<float*> o;
+        for (auto& t : outs) o.push_back(t.data_ptr<float>());
+        int8_linear_amx_impl(xp, m, k, wp, nb, kp, qm, swp, scalar, sizes, o);
+        break;
+      }
+      case torch::kBFloat16: {
+        std::vector<c10::BFloat16*> o;
+        for (auto& t : outs) o.push_back(t.data_ptr<c10::BFloat16>());
+        int8_linear_amx_impl(xp, m, k, wp, nb, kp, qm, swp, scalar, sizes, o);
+        break;
+      }
+      case torch::kHalf: {
+        std::vector<c10::Half*> o;
+        for (auto& t : outs) o.push_back(t.data_ptr<c10::Half>());
+        int8_linear_amx_impl(xp, m, k, wp, nb, kp, qm, swp, scalar, sizes, o);
+        break;
+      }
+      default: TORCH_CHECK(false, "int8_linear_amx: out_dtype must be float32, bfloat16 or float16");
+    }
+  };
+  switch (x.scalar_type()) {
+    case torch::kFloat32: run(x.data_ptr<float>()); break;
+    case torch::kBFloat16: run(x.data_ptr<c10::BFloat16>()); break;
+    case torch::kHalf: run(x.data_ptr<c10::Half>()); break;
+    default: TORCH_CHECK(false, "int8_linear_amx: dtype must be float32, bfloat16 or float16, got ", x.scalar_type());
+  }
+  return outs;
+#else
+  TORCH_CHECK(false, "int8_linear_amx: this build has no AMX-INT8 (see has_int8_gemm_amx)");
+  return {};
 #endif
 }
 
