@@ -21,6 +21,12 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
 - ``int8_gemm_amx(a, packed, n)``: the same accumulator from the same packed weights by AMX-INT8 tiles, for any
   number of rows (K a multiple of 64; AMX builds on Linux only: ``has_int8_gemm_amx()``, which also asks the kernel
   for the tiles): the ``amx`` backend, 3x the VNNI kernel and 3.7x ``_int_mm`` at prefill sizes on one core
+- ``int8_linear_amx(x, packed, s_w, sizes, qmax, dtype)``: ``quant_act_int8``, ``int8_gemm_amx`` and ``epilogue``
+  in one call (the rows quantized over the threads, each accumulator block turned into the members' outputs in
+  cache), the same values: the ``amx`` backend's whole linear where it applies (:func:`interq.quant.linear.amx_linear`)
+- ``torch_row_sums(x, lanes)`` / ``rms_norm_bf16(x, w, eps, lanes)``: torch's CPU float sum of each row in torch's own
+  order (its vectors of ``lanes`` floats, accumulators and cascade), and transformers' Llama / Qwen RMSNorm of bf16
+  rows with that sum, bit for bit (:mod:`interq.quant.rms_norm`)
 - ``bf16_linear_amx(x, packed, n, bias, kb)``: a bf16 linear by AMX-BF16 tiles in fp32, K in blocks of ``kb``
   chunks of 32, rounded once (``has_bf16_gemm_amx()``): ``F.linear``'s bits where oneDNN sums in that order, which
   :mod:`interq.quant.packed_linear` checks on a probe per shape, row count and thread count before using it
