@@ -101,7 +101,7 @@ def test_int8_linear_amx_equals_quantize_accumulate_epilogue_called_in_turn(m, k
     x = (torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, k, generator=g))).to(dtype)
     if m > 3:
         x[2] = 0  # a zero row: scale 0
-        x[3, 1] = float("nan")  # a NaN row: NaN outputs (0x7FC0 in bf16, as torch writes them)
+        x[3, 1] = float("nan")  # a NaN row: NaN outputs (0x7FC0 in bf16, as the epilogue kernel writes them)
         x[1, 0] = float("inf")
     n = sum(sizes)
     w = _codes((kp, -(-n // 16) * 16), k)

@@ -119,3 +119,23 @@ def test_executors_with_fused_norms_equal_eager_ones_and_follow_a_sync(kind, qua
         la = ea(input_ids=ids).logits
         assert torch.equal(la, eb(input_ids=ids).logits)
         assert torch.equal(copy.deepcopy(ea)(input_ids=ids).logits, la)
+
+
+@needs_kernel
+def test_calls_with_nan_outputs_are_the_eager_modules_bits_too():
+    # torch's vectorized ops write other NaN bit patterns than the kernel: such calls are recomputed eagerly
+    norm = LlamaRMSNorm(64).to(torch.bfloat16)
+    fused = FusedRMSNorm.from_norm(norm)
+    x = _wide((6, 64), 5).to(torch.bfloat16)
+    x[1, 3] = float("nan")
+    x[2, 7] = float("inf")
+    x[3, 0] = float("-inf")
+    with torch.no_grad():
+        got, ref = fused(x), norm(x)
+    assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
+
+
+def test_rows_too_long_for_one_threads_sum_are_not_fused():
+    from interq.quant.rms_norm import MAX_WIDTH
+
+    assert FusedRMSNorm.from_norm(LlamaRMSNorm(MAX_WIDTH).to(torch.bfloat16)) is None

@@ -140,7 +140,7 @@ def _amx_product(x2: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Ten
 
 def _kb_candidates(k: int, n: int) -> list[int]:
     """The K blockings (chunks of 32 k per block; 0 = none) to try, the one that last matched for the shape first."""
-    chunks = k // 32
+    chunks = k // 32  # kb = 1 sums each chunk apart and adds it: the same values as kb = 0 (measured), not tried
     order = [_LAST_KB.get((k, n), 0), 0, *range(2, chunks)]
     return list(dict.fromkeys(order))
 
@@ -173,8 +173,10 @@ def product_choice(k: int, n: int, bias: bool, rows: int) -> tuple[str, int]:
 
 
 class PackedBf16Linear(nn.Module):
-    """An ``nn.Linear`` with bf16 weights whose products up to ``PACKED_MAX_M`` rows use a oneDNN-packed copy of
-    the weight where that product equals ``F.linear``'s (see the module docstring). Build with :meth:`from_linear`."""
+    """An ``nn.Linear`` with bf16 weights whose products up to ``PACKED_MAX_M`` rows use interq's AMX-BF16 kernel or
+    a oneDNN-packed copy of the weight where that product equals ``F.linear``'s (see the module docstring). Build
+    with :meth:`from_linear`. The packed copies follow in-place writes through the weight (its version counter: a
+    weight sync's ``copy_``); a write through ``weight.data`` is not seen."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()

@@ -1,6 +1,6 @@
 """The executors' RMSNorms in one compiled pass per row, with the bits of transformers' eager modules.
 
-transformers' Llama / Qwen / Mistral ``RMSNorm`` runs seven eager ops per call (``to(float32)``, ``pow``, ``mean``,
+transformers' Llama / Qwen / Mistral ``RMSNorm`` runs eight eager ops per call (``to(float32)``, ``pow``, ``mean``,
 ``add``, ``rsqrt``, ``mul``, ``to(bf16)``, then the weight's ``mul``): a SmolLM2-135M decode step calls 61 of them,
 about 8% of a multi-turn rollout on a 2-core Xeon (``results/bench-2026-12-03-s18/``). :class:`FusedRMSNorm` replaces
 such a module in an executor (:func:`interq.quant.make_executor`, ``fuse_norms``) and computes the same values bit
@@ -13,7 +13,9 @@ Nothing is assumed: the width of torch's vectors is found once per process by co
 ``Tensor.sum`` on rows built so that any other order shows (:func:`sum_lanes`), and each module is replaced only if the
 kernel gives that module's own output on a probe (a module of another formula, such as Gemma's ``1 + weight``, is
 left alone even if its class name matched). The eager forward runs for anything else: not bf16, not CPU, not
-contiguous, autograd, the kernels not loaded.
+contiguous, autograd, the kernels not loaded, rows of ``MAX_WIDTH`` or more (torch splits one long row's sum over
+its threads), and any call whose output holds a NaN (torch's vectorized ops write other NaN bit patterns than the
+kernel: such a call is computed again eagerly, so even its NaNs are the module's).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import nn
 # transformers' RMSNorm classes whose forward is h = x.float(); h * rsqrt(mean(h^2) + eps); weight * h.to(dtype)
 NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "MistralRMSNorm", "Qwen2MoeRMSNorm")
 _LANES: dict[str, int | None] = {}
+MAX_WIDTH = 32768  # torch's reduction grain: a single row this long may be summed over several threads
 
 
 def _kernels():
@@ -68,6 +71,7 @@ class FusedRMSNorm(nn.Module):
         or the kernel's output differs from the module's own on a probe."""
         w = getattr(norm, "weight", None)
         if (type(norm).__name__ not in NORM_CLASSES or not isinstance(w, torch.Tensor) or w.dim() != 1
+                or w.shape[0] >= MAX_WIDTH
                 or w.dtype != torch.bfloat16 or w.device.type != "cpu" or not hasattr(norm, "variance_epsilon")):
             return None
         lanes = sum_lanes()
@@ -82,7 +86,8 @@ class FusedRMSNorm(nn.Module):
         return fused if same else None
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return _kernels().rms_norm_bf16(x, self.weight, float(self.variance_epsilon), self.lanes)
+        out, nan = _kernels().rms_norm_bf16(x, self.weight, float(self.variance_epsilon), self.lanes)
+        return self._eager(self, x) if nan else out
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         x = hidden_states

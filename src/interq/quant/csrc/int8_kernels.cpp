@@ -27,9 +27,11 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -822,15 +824,15 @@ std::vector<torch::Tensor> int8_linear_amx(torch::Tensor x, torch::Tensor packed
   TORCH_CHECK(amx_permitted(), "int8_linear_amx: the Linux kernel does not let this process use AMX tiles");
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && x.is_contiguous(), "int8_linear_amx: x must be a contiguous 2-D CPU tensor");
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == 16 &&
-                  packed.size(3) == 4 && packed.is_contiguous(),
-              "int8_linear_amx: packed must come from pack_int8_vnni");
+                  packed.size(3) == 4 && packed.is_contiguous() && packed.device().is_cpu(),
+              "int8_linear_amx: packed must come from pack_int8_vnni (a CPU tensor)");
   const int64_t m = x.size(0), k = x.size(1), nb = packed.size(0), kp = 4 * packed.size(1);
   TORCH_CHECK(kp % 64 == 0 && k <= kp, "int8_linear_amx: the packed K (", kp, ") must be a multiple of 64, >= K = ", k);
   int64_t total = 0;
   for (auto n : sizes) total += n;
   TORCH_CHECK(total <= 16 * nb, "int8_linear_amx: the members' sizes exceed the packed columns");
   s_w = s_w.contiguous();
-  TORCH_CHECK(s_w.scalar_type() == torch::kFloat32, "int8_linear_amx: fp32 weight scales");
+  TORCH_CHECK(s_w.scalar_type() == torch::kFloat32 && s_w.device().is_cpu(), "int8_linear_amx: fp32 CPU weight scales");
   const bool scalar = s_w.numel() == 1;
   TORCH_CHECK(scalar || s_w.numel() >= total, "int8_linear_amx: s_w must be a scalar or hold one scale per column");
   std::vector<torch::Tensor> outs;
@@ -959,7 +961,7 @@ torch::Tensor bf16_linear_amx(torch::Tensor x, torch::Tensor packed, int64_t n, 
               "bf16_linear_amx: x must be a contiguous 2-D bf16 CPU tensor");
   const int64_t m = x.size(0), k = x.size(1), nb = packed.size(0);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kBFloat16 && packed.size(1) * 2 == k &&
-                  packed.size(2) == 16 && packed.size(3) == 2 && packed.is_contiguous(),
+                  packed.size(2) == 16 && packed.size(3) == 2 && packed.is_contiguous() && packed.device().is_cpu(),
               "bf16_linear_amx: packed must come from pack_bf16_amx for K = ", k);
   TORCH_CHECK(k % 32 == 0, "bf16_linear_amx: K must be a multiple of 32, got ", k);
   TORCH_CHECK(n > 16 * (nb - 1) && n <= 16 * nb, "bf16_linear_amx: n = ", n, " does not match ", nb, " blocks");
@@ -969,8 +971,9 @@ torch::Tensor bf16_linear_amx(torch::Tensor x, torch::Tensor packed, int64_t n, 
   std::vector<float> bf(nb * 16, 0.f);  // the bias in fp32 (exact), zero-padded to whole column blocks
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kBFloat16,
-                "bf16_linear_amx: bias must be bf16 [n]");
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kBFloat16 &&
+                    bias->device().is_cpu(),
+                "bf16_linear_amx: bias must be a bf16 CPU tensor [n]");
     const auto b = bias->contiguous();
     const c10::BFloat16* bp = b.data_ptr<c10::BFloat16>();
     for (int64_t j = 0; j < n; ++j) bf[j] = load_f(bp[j]);
@@ -980,8 +983,8 @@ torch::Tensor bf16_linear_amx(torch::Tensor x, torch::Tensor packed, int64_t n, 
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const int64_t mb = (m + 31) / 32, kc = k / 32, kbb = kb > 0 ? std::min(kb, kc) : kc, panels = (nb + 1) / 2;
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    alignas(64) float total[32 * 32];
-    alignas(64) float part[32 * 32];
+    alignas(64) float total[32 * 32] = {};  // zeroed: the entries a block does not store are still added (finite)
+    alignas(64) float part[32 * 32] = {};
     int config = -1;
     const int64_t group = std::max<int64_t>(1, kAmxL2WeightBytes / (32 * k * 2));
     for (int64_t g0 = p0; g0 < p1; g0 += group) {
@@ -1030,7 +1033,8 @@ torch::Tensor bf16_linear_amx(torch::Tensor x, torch::Tensor packed, int64_t n, 
 // RMSNorm of bf16 rows as transformers' Llama / Qwen modules compute it eagerly, bit for bit (interq.quant.rms_norm):
 //   h = x.float(); var = (h * h).sum(-1) / n; r = 1 / sqrt(var + eps); out = bf16(w * bf16(h * r))
 // with torch's own summation order: its CPU sum of a contiguous row (SumKernel's vectorized inner sum) adds the row
-// as vectors of `lanes` floats (torch's Vectorized<float>: 16 on its AVX512 build, 8 on AVX2), four running
+// as vectors of `lanes` floats (8 with torch 2.13 on x86, its AVX512 capability included: the sum kernel runs its
+// AVX2 build; the caller finds the width by test, interq.quant.rms_norm.sum_lanes), four running
 // accumulators side by side with a cascade of levels (row_sum / multi_row_sum), then the scalar tail, then the
 // lanes in order; rows shorter than one vector are summed as scalars the same way. Every other step is one IEEE
 // operation per element (torch.mean is sum then division on the CPU; torch.rsqrt is 1 / sqrt). Rows in parallel.
@@ -1115,14 +1119,16 @@ torch::Tensor torch_row_sums(torch::Tensor x, int64_t lanes) {
   return out;
 }
 
-// x [..., n] bf16 contiguous, w [n] bf16, eps (a Python float: used as float, as torch adds it) -> bf16 [..., n]
-torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor w, double eps, int64_t lanes) {
+// x [..., n] bf16 contiguous, w [n] bf16, eps (a Python float: used as float, as torch adds it) -> (bf16 [..., n],
+// whether any output is NaN: torch's vectorized ops write other NaN bits than store_f, so the caller recomputes such
+// a call eagerly)
+std::tuple<torch::Tensor, bool> rms_norm_bf16(torch::Tensor x, torch::Tensor w, double eps, int64_t lanes) {
   check_lanes("rms_norm_bf16", lanes);
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.device().is_cpu() && x.is_contiguous() && x.dim() >= 1,
               "rms_norm_bf16: x must be a contiguous bf16 CPU tensor");
   const int64_t n = x.size(-1);
-  TORCH_CHECK(w.dim() == 1 && w.size(0) == n && w.scalar_type() == torch::kBFloat16,
-              "rms_norm_bf16: w must be bf16 [", n, "]");
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == n && w.scalar_type() == torch::kBFloat16 && w.device().is_cpu(),
+              "rms_norm_bf16: w must be a bf16 CPU tensor [", n, "]");
   TORCH_CHECK(n > 0, "rms_norm_bf16: empty rows");
   const auto wc = w.contiguous();
   auto out = torch::empty_like(x);
@@ -1131,8 +1137,10 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor w, double eps, int64_
   const c10::BFloat16* wp = wc.data_ptr<c10::BFloat16>();
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   const float eps_f = static_cast<float>(eps), n_f = static_cast<float>(n);
+  std::atomic<bool> any_nan{false};
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
     std::vector<float> h(n), sq(n);
+    bool nan = false;
     for (int64_t r = r0; r < r1; ++r) {
       const c10::BFloat16* row = xp + r * n;
       for (int64_t j = 0; j < n; ++j) {
@@ -1145,11 +1153,14 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor w, double eps, int64_
       for (int64_t j = 0; j < n; ++j) {
         c10::BFloat16 hb;
         store_f(h[j] * inv, &hb);
-        store_f(load_f(wp[j]) * load_f(hb), dst + j);
+        const float v = load_f(wp[j]) * load_f(hb);
+        nan |= v != v;
+        store_f(v, dst + j);
       }
     }
+    if (nan) any_nan = true;
   });
-  return out;
+  return {out, any_nan.load()};
 }
 
 // ------------------------------------------------------------------------------------------------------------------
