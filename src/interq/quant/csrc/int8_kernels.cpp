@@ -554,11 +554,7 @@ torch::Tensor int8_gemm_vnni(torch::Tensor a, torch::Tensor packed, int64_t n) {
 // the unsigned weights add), so they hold the result when stored. K must be a multiple of 64 (a tile's depth); the
 // caller uses int8_gemm_vnni otherwise. Each thread configures its own tiles (the Linux kernel must first permit the
 // process to use them: amx_permitted) and computes blocks of 32 rows x 32 columns (four accumulator tiles, two of
-// activations, two of weights: the eight tile registers). A thread takes its panels of 32 columns in groups of
-// about 1 MB of weights, which stay in its L2 cache while every row block of 32 passes over them: each row block's
-// activations are read once per group and its outputs written in rows of the group's width. (Looping over all rows
-// inside each panel instead, the activations and the output's column strips left the caches from a few hundred
-// rows on: 0.4 TOPS at 1,920 rows against 1.3 now, one core of a Xeon with AMX, SmolLM2-135M's shapes.)
+// activations, two of weights: the eight tile registers), split over the threads as amx_blocks says.
 
 #if INTERQ_VNNI_GEMM && defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__linux__)
 #include <sys/syscall.h>
@@ -629,6 +625,47 @@ void amx_block(const int8_t* a, int64_t lda, const uint8_t* w0, const uint8_t* w
 
 // Weight bytes a thread keeps in its L2 cache while every row block passes over them (AMX Xeons have 2 MB per core)
 constexpr int64_t kAmxL2WeightBytes = 1 << 20;
+
+// f(r2, c2) with r2 / c2 as compile-time bools (std::integral_constant): the block templates' four tile shapes
+template <typename F>
+void amx_shape(bool r2, bool c2, F&& f) {
+  if (r2) {
+    if (c2) f(std::true_type{}, std::true_type{});
+    else f(std::true_type{}, std::false_type{});
+  } else {
+    if (c2) f(std::false_type{}, std::true_type{});
+    else f(std::false_type{}, std::false_type{});
+  }
+}
+
+// The work split every AMX GEMM here shares: panels of 32 columns (two column blocks of 16) over the threads; a
+// thread takes its panels in groups of about kAmxL2WeightBytes of weights (panel_bytes each), which stay in its L2
+// cache while every row block of 32 passes over them: each row block's activations are read once per group and its
+// outputs written in rows of the group's width. (Looping over all rows inside each panel instead, the activations
+// and the output's column strips left the caches from a few hundred rows on: 0.4 TOPS at 1,920 rows against 1.3,
+// one core of a Xeon with AMX, SmolLM2-135M's shapes.) Each thread configures its tiles for the row count of the
+// block (amx_configure) and releases them at the end. block(rb, rows, b, c2, scratch): row block rb of `rows` rows,
+// column blocks b and b + 1 (c2: whether b + 1 exists), scratch: the thread's 64-byte aligned 8 KB.
+template <typename Block>
+void amx_blocks(int64_t m, int64_t nb, int64_t panel_bytes, Block&& block) {
+  const int64_t mb = (m + 31) / 32, panels = (nb + 1) / 2;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    alignas(64) unsigned char scratch[2 * 32 * 32 * 4] = {};
+    int config = -1;  // the rows of the last row block configured (32 = two full tiles)
+    const int64_t group = std::max<int64_t>(1, kAmxL2WeightBytes / panel_bytes);
+    for (int64_t g0 = p0; g0 < p1; g0 += group) {
+      for (int64_t rb = 0; rb < mb; ++rb) {
+        const int rows = static_cast<int>(std::min<int64_t>(32, m - 32 * rb));
+        if (rows != config) {
+          amx_configure(std::min(rows, 16), std::max(rows - 16, 0));
+          config = rows;
+        }
+        for (int64_t p = g0; p < std::min(p1, g0 + group); ++p) block(rb, rows, 2 * p, nb - 2 * p >= 2, scratch);
+      }
+    }
+    if (config != -1) _tile_release();
+  });
+}
 }  // namespace
 #endif
 
@@ -659,45 +696,23 @@ torch::Tensor int8_gemm_amx(torch::Tensor a, torch::Tensor packed, int64_t n) {
   for (int64_t r = 0; r < m; ++r) std::fill_n(init.begin() + r * 16, 16, -128 * sums[r]);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   int32_t* op = out.data_ptr<int32_t>();
-  const int64_t kc = k / 64, panels = (nb + 1) / 2, full_cols = n / 16;  // column blocks stored in place
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    alignas(64) int32_t scratch[32 * 32];  // a block whose columns pass n: stored here, then copied
-    int config = -1;                       // the rows of the last row block configured (32 = two full tiles)
-    // the thread's panels in groups whose weights stay in L2 while each row block of 32 passes over them
-    const int64_t group = std::max<int64_t>(1, kAmxL2WeightBytes / (32 * k));
-    for (int64_t g0 = p0; g0 < p1; g0 += group) {
-      for (int64_t rb = 0; rb < mb; ++rb) {
-        const int rows = static_cast<int>(std::min<int64_t>(32, m - 32 * rb));
-        if (rows != config) {
-          amx_configure(std::min(rows, 16), std::max(rows - 16, 0));
-          config = rows;
-        }
-        const int8_t* ab = ap + 32 * rb * k;
-        const int32_t* ib = init.data() + 32 * rb * 16;
-        for (int64_t p = g0; p < std::min(p1, g0 + group); ++p) {
-          const int64_t b = 2 * p;
-          const bool c2 = nb - b >= 2;
-          const bool in_place = b + (c2 ? 2 : 1) <= full_cols;
-          const uint8_t* w0 = wp + b * k4 * 64;
-          const uint8_t* w1 = c2 ? w0 + k4 * 64 : w0;
-          int32_t* dst = in_place ? op + 32 * rb * n + 16 * b : scratch;
-          const int64_t ldo = in_place ? n : 32;
-          if (rows > 16) {
-            if (c2) amx_block<true, true>(ab, k, w0, w1, kc, ib, dst, ldo);
-            else amx_block<true, false>(ab, k, w0, w1, kc, ib, dst, ldo);
-          } else {
-            if (c2) amx_block<false, true>(ab, k, w0, w1, kc, ib, dst, ldo);
-            else amx_block<false, false>(ab, k, w0, w1, kc, ib, dst, ldo);
-          }
-          if (!in_place) {
-            const int64_t cols = std::min<int64_t>(n - 16 * b, 32);
-            for (int r = 0; r < rows; ++r)
-              std::memcpy(op + (32 * rb + r) * n + 16 * b, scratch + r * 32, cols * sizeof(int32_t));
-          }
-        }
-      }
+  const int64_t kc = k / 64, full_cols = n / 16;  // column blocks stored in place
+  amx_blocks(m, nb, 32 * k, [&](int64_t rb, int rows, int64_t b, bool c2, unsigned char* buf) {
+    int32_t* scratch = reinterpret_cast<int32_t*>(buf);  // a block whose columns pass n: stored here, then copied
+    const bool in_place = b + (c2 ? 2 : 1) <= full_cols;
+    const uint8_t* w0 = wp + b * k4 * 64;
+    const uint8_t* w1 = c2 ? w0 + k4 * 64 : w0;
+    int32_t* dst = in_place ? op + 32 * rb * n + 16 * b : scratch;
+    const int64_t ldo = in_place ? n : 32;
+    amx_shape(rows > 16, c2, [&](auto r2, auto c2v) {
+      amx_block<decltype(r2)::value, decltype(c2v)::value>(ap + 32 * rb * k, k, w0, w1, kc,
+                                                           init.data() + 32 * rb * 16, dst, ldo);
+    });
+    if (!in_place) {
+      const int64_t cols = std::min<int64_t>(n - 16 * b, 32);
+      for (int r = 0; r < rows; ++r)
+        std::memcpy(op + (32 * rb + r) * n + 16 * b, scratch + r * 32, cols * sizeof(int32_t));
     }
-    if (config != -1) _tile_release();
   });
   return out;
 #else
@@ -767,7 +782,7 @@ void int8_linear_amx_impl(const T* x, int64_t m, int64_t k, const uint8_t* wp, i
   std::vector<int8_t> q(m * kp, 0);  // the codes, zero-padded to the packed K
   std::vector<float> s_a(m);
   quant_rows_padded(x, m, k, kp, qmax, q.data(), s_a.data());
-  const int64_t mb = (m + 31) / 32, kc = kp / 64, panels = (nb + 1) / 2;
+  const int64_t mb = (m + 31) / 32, kc = kp / 64;
   std::vector<int32_t> init((mb * 32) * 16, 0);
   const std::vector<int32_t> sums = row_sums(q.data(), m, kp);
   for (int64_t r = 0; r < m; ++r) std::fill_n(init.begin() + r * 16, 16, -128 * sums[r]);
@@ -777,38 +792,16 @@ void int8_linear_amx_impl(const T* x, int64_t m, int64_t k, const uint8_t* wp, i
     starts[i] = total;
     total += sizes[i];
   }
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    alignas(64) int32_t scratch[32 * 32];
-    int config = -1;
-    const int64_t group = std::max<int64_t>(1, kAmxL2WeightBytes / (32 * kp));
-    for (int64_t g0 = p0; g0 < p1; g0 += group) {
-      for (int64_t rb = 0; rb < mb; ++rb) {
-        const int rows = static_cast<int>(std::min<int64_t>(32, m - 32 * rb));
-        if (rows != config) {
-          amx_configure(std::min(rows, 16), std::max(rows - 16, 0));
-          config = rows;
-        }
-        const int8_t* ab = q.data() + 32 * rb * kp;
-        const int32_t* ib = init.data() + 32 * rb * 16;
-        for (int64_t p = g0; p < std::min(p1, g0 + group); ++p) {
-          const int64_t b = 2 * p;
-          const bool c2 = nb - b >= 2;
-          const uint8_t* w0 = wp + b * kp * 16;
-          const uint8_t* w1 = c2 ? w0 + kp * 16 : w0;
-          if (rows > 16) {
-            if (c2) amx_block<true, true>(ab, kp, w0, w1, kc, ib, scratch, 32);
-            else amx_block<true, false>(ab, kp, w0, w1, kc, ib, scratch, 32);
-          } else {
-            if (c2) amx_block<false, true>(ab, kp, w0, w1, kc, ib, scratch, 32);
-            else amx_block<false, false>(ab, kp, w0, w1, kc, ib, scratch, 32);
-          }
-          const int64_t cols = std::min<int64_t>(total - 16 * b, 32);
-          if (cols > 0)
-            epilogue_block(scratch, rows, 32 * rb, 16 * b, cols, s_a.data(), s_w, s_w_scalar, starts, sizes, outs);
-        }
-      }
-    }
-    if (config != -1) _tile_release();
+  amx_blocks(m, nb, 32 * kp, [&](int64_t rb, int rows, int64_t b, bool c2, unsigned char* buf) {
+    int32_t* scratch = reinterpret_cast<int32_t*>(buf);
+    const uint8_t* w0 = wp + b * kp * 16;
+    const uint8_t* w1 = c2 ? w0 + kp * 16 : w0;
+    amx_shape(rows > 16, c2, [&](auto r2, auto c2v) {
+      amx_block<decltype(r2)::value, decltype(c2v)::value>(q.data() + 32 * rb * kp, kp, w0, w1, kc,
+                                                           init.data() + 32 * rb * 16, scratch, 32);
+    });
+    const int64_t cols = std::min<int64_t>(total - 16 * b, 32);
+    if (cols > 0) epilogue_block(scratch, rows, 32 * rb, 16 * b, cols, s_a.data(), s_w, s_w_scalar, starts, sizes, outs);
   });
 }
 }  // namespace
@@ -888,7 +881,7 @@ std::vector<torch::Tensor> int8_linear_amx(torch::Tensor x, torch::Tensor packed
 // in fp32 to the total, which is rounded to bf16 by vcvtneps2bf16 (round to nearest even), as oneDNN does.
 // Weights packed by interq.quant.packed_linear.pack_bf16_amx: [ceil(N / 16), K / 2, 16, 2] bf16, one column block's
 // 32 k (16 rows of 64 bytes: pairs of k for 16 columns) exactly an AMX weight tile. K a multiple of 32. The work is
-// split as int8_gemm_amx's (panels of 32 columns over the threads, in groups that stay in L2, row blocks of 32);
+// split by amx_blocks, as int8_gemm_amx's;
 // K is never split over threads, so the result does not depend on the thread count. At decode sizes (16 rows,
 // SmolLM2-135M's layers) this is 2.3-5x oneDNN's packed product per call, whose fixed cost dominates there.
 
@@ -981,46 +974,25 @@ torch::Tensor bf16_linear_amx(torch::Tensor x, torch::Tensor packed, int64_t n, 
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
-  const int64_t mb = (m + 31) / 32, kc = k / 32, kbb = kb > 0 ? std::min(kb, kc) : kc, panels = (nb + 1) / 2;
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    alignas(64) float total[32 * 32] = {};  // zeroed: the entries a block does not store are still added (finite)
-    alignas(64) float part[32 * 32] = {};
-    int config = -1;
-    const int64_t group = std::max<int64_t>(1, kAmxL2WeightBytes / (32 * k * 2));
-    for (int64_t g0 = p0; g0 < p1; g0 += group) {
-      for (int64_t rb = 0; rb < mb; ++rb) {
-        const int rows = static_cast<int>(std::min<int64_t>(32, m - 32 * rb));
-        if (rows != config) {
-          amx_configure(std::min(rows, 16), std::max(rows - 16, 0));
-          config = rows;
-        }
-        const uint16_t* ab = xp + 32 * rb * k;
-        for (int64_t p = g0; p < std::min(p1, g0 + group); ++p) {
-          const int64_t b = 2 * p;
-          const bool c2 = nb - b >= 2;
-          const uint16_t* w0 = wp + b * k * 16;
-          const uint16_t* w1 = c2 ? w0 + k * 16 : w0;
-          if (rows > 16) {
-            if (c2) amx_bf16_blocks<true, true>(ab, k, w0, w1, kc, kbb, total, part);
-            else amx_bf16_blocks<true, false>(ab, k, w0, w1, kc, kbb, total, part);
-          } else {
-            if (c2) amx_bf16_blocks<false, true>(ab, k, w0, w1, kc, kbb, total, part);
-            else amx_bf16_blocks<false, false>(ab, k, w0, w1, kc, kbb, total, part);
-          }
-          const int64_t cols = std::min<int64_t>(n - 16 * b, 32);
-          for (int r = 0; r < rows; ++r) {
-            uint16_t* dst = op + (32 * rb + r) * n + 16 * b;
-            for (int64_t j = 0; j < cols; j += 16) {
-              const __mmask16 keep = static_cast<__mmask16>((1u << std::min<int64_t>(16, cols - j)) - 1u);
-              __m512 v = _mm512_load_ps(total + r * 32 + j);
-              if (has_bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bf.data() + 16 * b + j));
-              _mm256_mask_storeu_epi16(dst + j, keep, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
-            }
-          }
-        }
+  const int64_t kc = k / 32, kbb = kb > 0 ? std::min(kb, kc) : kc;
+  amx_blocks(m, nb, 32 * k * 2, [&](int64_t rb, int rows, int64_t b, bool c2, unsigned char* buf) {
+    float* total = reinterpret_cast<float*>(buf);  // zeroed: the entries a block does not store are still added
+    float* part = total + 32 * 32;
+    const uint16_t* w0 = wp + b * k * 16;
+    const uint16_t* w1 = c2 ? w0 + k * 16 : w0;
+    amx_shape(rows > 16, c2, [&](auto r2, auto c2v) {
+      amx_bf16_blocks<decltype(r2)::value, decltype(c2v)::value>(xp + 32 * rb * k, k, w0, w1, kc, kbb, total, part);
+    });
+    const int64_t cols = std::min<int64_t>(n - 16 * b, 32);
+    for (int r = 0; r < rows; ++r) {
+      uint16_t* dst = op + (32 * rb + r) * n + 16 * b;
+      for (int64_t j = 0; j < cols; j += 16) {
+        const __mmask16 keep = static_cast<__mmask16>((1u << std::min<int64_t>(16, cols - j)) - 1u);
+        __m512 v = _mm512_load_ps(total + r * 32 + j);
+        if (has_bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bf.data() + 16 * b + j));
+        _mm256_mask_storeu_epi16(dst + j, keep, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
       }
     }
-    if (config != -1) _tile_release();
   });
   return out;
 #else
