@@ -18,6 +18,13 @@ values equal transformers' packed path (its ragged-batch path) bit for bit; agai
 rollout's default (``interq.train.build``); ``rollout.attention=sdpa`` keeps transformers' choice, the numerics of
 the study's recorded runs (NUMERICS_VERSION 1). The learner is never given it.
 
+Where interq's CPU kernels are built for a CPU with AMX-BF16, ``sdpa_packed``'s decode calls torch's flash kernel's
+computation in one call (``flash_decode_amx``: the same bits, found step by step against torch 2.13 and checked per
+shape and thread count on a probe when first used, :func:`flash_decode_matches`; torch's own call otherwise, or
+after :func:`use_flash_decode` ``(False)``): torch runs each (row, KV head) of a decode as blocks of 512 keys through
+two oneDNN GEMM calls each, whose fixed cost dominates at a rollout's sizes (1.4-2.2x per layer call at SmolLM2's
+shapes, 48-2,000 cached tokens, docs/benchmarks.md "2026-12-03, nineteenth session").
+
 ``packed_kernel`` (opt-in) is ``sdpa_packed`` with the attention computed by interq's CPU kernels
 (``interq.quant.kernels``). A single-token decode by ``decode_attention``: each cached K and V row read once for the
 query heads of its KV head, scores, softmax and the weighted sum of values in fp32. Torch's flash kernel runs these
@@ -33,6 +40,8 @@ kernel cannot take a call (kernels not built or turned off, another device or dt
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -72,9 +81,74 @@ def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: fl
     mask = attention_mask  # None or [B|1, 1|H, 1, K]
     if mask is not None and mask.shape[1] != 1:
         mask = mask.reshape(mask.shape[0], hkv, groups, mask.shape[-1])  # per-head masks follow their heads
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # [B, H_kv, G, Dv]
+    out = _flash_decode(q, key, value, mask, scaling)
+    if out is None:
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # [B, H_kv, G, Dv]
     out = out.reshape(out.shape[0], h, 1, value.shape[-1]).transpose(1, 2).contiguous()  # [B, 1, H, Dv]
     return out, None
+
+
+# torch's flash kernel in one call (interq's flash_decode_amx): per (G, D, thread count) whether it equals torch's
+# on the probe (None: not asked yet); "enabled": use_flash_decode
+_FLASH: dict = {"enabled": True}
+FLASH_PROBE_LENGTHS = (1, 17, 64, 300, 513, 1100)  # one and several blocks of 512 keys, whole and partial vectors
+
+
+def use_flash_decode(enabled: bool) -> None:
+    """Turn the one-call flash decode on or off for this process (on by default where it applies): off, every
+    decode takes torch's ``F.scaled_dot_product_attention`` (the same values; for side-by-side timing)."""
+    _FLASH["enabled"] = bool(enabled)
+
+
+def flash_decode_matches(groups: int, d: int) -> bool:
+    """Whether interq's ``flash_decode_amx`` gives torch's bits for decode problems of ``groups`` query rows of
+    head size ``d`` at the current thread count: asked once per process on a probe (random bf16 problems of
+    :data:`FLASH_PROBE_LENGTHS` cached tokens, with and without a padding mask), then remembered. False where the
+    kernels or AMX-BF16 are missing, or the shape is outside the kernel's (G 2-16, D a multiple of 32 up to 256)."""
+    from interq.quant import kernels
+
+    mod = kernels.get()
+    if mod is None or not hasattr(mod, "flash_decode_amx") or not 2 <= groups <= 16 or d % 32 or d > 256:
+        return False
+    key = (groups, d, torch.get_num_threads())
+    ok = _FLASH.get(key)
+    if ok is None:
+        ok = bool(mod.has_bf16_gemm_amx())
+        gen = torch.Generator().manual_seed(0)
+        for length in FLASH_PROBE_LENGTHS if ok else ():
+            q = (torch.randn(2, 2, groups, d, generator=gen) * 2).bfloat16()
+            k = (torch.randn(2, 2, length, d, generator=gen) * 2).bfloat16()
+            v = torch.randn(2, 2, length, d, generator=gen).bfloat16()
+            keep = torch.ones(2, 1, 1, length, dtype=torch.bool)
+            keep[1, ..., : length // 3] = False
+            for mask in (None, keep):
+                ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                out, exact = mod.flash_decode_amx(q, k, v, mask, 1.0 / math.sqrt(d))
+                ok = ok and exact and torch.equal(out.view(torch.int16), ref.view(torch.int16))
+        _FLASH[key] = ok
+    return ok
+
+
+def _flash_decode(q, key, value, mask, scaling):
+    """``F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)`` of packed decode rows
+    ([B, H_kv, G, D]) by ``flash_decode_amx`` where it gives torch's bits (:func:`flash_decode_matches`), else None."""
+    if not _FLASH["enabled"] or q.device.type != "cpu" or q.requires_grad and torch.is_grad_enabled():
+        return None
+    if not (q.dtype == key.dtype == value.dtype == torch.bfloat16) or value.shape[-1] != q.shape[-1]:
+        return None
+    if q.stride(-1) != 1 or key.stride(-1) != 1 or value.stride(-1) != 1:
+        return None
+    if mask is not None and not (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1
+                                 and mask.shape[0] in (1, q.shape[0]) and mask.shape[3] == key.shape[2]
+                                 and mask.dtype in (torch.bool, torch.bfloat16, torch.float32)):
+        return None
+    if not flash_decode_matches(q.shape[2], q.shape[3]):
+        return None
+    from interq.quant import kernels
+
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(q.shape[-1])  # torch's default, in double
+    out, exact = kernels.get().flash_decode_amx(q, key, value, mask, float(scale))
+    return out if exact else None
 
 
 def _decode_kernel(query, key, value, attention_mask, groups: int, special: bool):
@@ -164,9 +238,8 @@ def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Mo
         raise ValueError(f"rollout.attention={attention} needs a model with transformers' sdpa attention; "
                          f"{type(model).__name__} uses {current!r}")
     _register()
-    if attention == "packed_kernel":
-        from interq.quant import kernels
+    from interq.quant import kernels
 
-        kernels.load()  # built once per machine; without it the calls are sdpa_packed's
+    kernels.load()  # built once per machine: sdpa_packed's one-call decode, packed_kernel's kernels (else torch's)
     model.set_attn_implementation(_NAMES[attention])
     return model
