@@ -42,8 +42,10 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   cache), fp32 inside, for ``rollout.attention=packed_kernel``: to rounding, like ``decode_attention``
 - ``uniform_f64_rows(out, generators)``: row r of ``out`` [N, V] float64 = ``out[r].uniform_(generator=
   generators[r])``, bit for bit, each generator advanced as by that call (the sampler's exponential race,
-  :func:`interq.rollout.sampling.exponential_race`): the generators' mt19937 inlined instead of one libtorch call per
-  number, rows in parallel
+  :func:`interq.rollout.sampling.exponential_race`): the generators' mt19937 run in bulk (tempered and twisted 16
+  words at a time) instead of one libtorch call per number, rows in parallel
+- ``race_argmax(probs, race)`` = ``probs.div(race).argmax(-1)`` (the sampler's last step, its NaN and tie rules) in
+  one pass without the quotient tensor
 - ``causal_attention_fwd(q, k, v, scale)`` / ``causal_attention_bwd(...)``: the learner's causal self-attention and
   its gradient in fp32 (``train.learner_attention=kernel``, :mod:`interq.train.learner_attention`): to rounding
 
@@ -168,7 +170,7 @@ def _build(openmp: bool, verbose: bool):
                                         "torch_row_sums", "rms_norm_bf16",
                                         "decode_attention",
                                         "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
-                                        "uniform_f64_rows"],
+                                        "uniform_f64_rows", "race_argmax"],
                              extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
                              build_directory=str(build_dir), verbose=verbose)
 

@@ -42,6 +42,7 @@ kernel cannot take a call (kernels not built or turned off, another device or dt
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -90,12 +91,13 @@ def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: fl
 
 # torch's flash kernel in one call (interq's flash_decode_amx): per (G, D, thread count) whether it equals torch's
 # on the probe (None: not asked yet); "enabled": use_flash_decode
-_FLASH: dict = {"enabled": True}
+_FLASH: dict = {"enabled": os.environ.get("INTERQ_FLASH_DECODE", "1").strip().lower() not in ("0", "off", "false", "no")}
 FLASH_PROBE_LENGTHS = (1, 17, 64, 300, 513, 1100)  # one and several blocks of 512 keys, whole and partial vectors
 
 
 def use_flash_decode(enabled: bool) -> None:
-    """Turn the one-call flash decode on or off for this process (on by default where it applies): off, every
+    """Turn the one-call flash decode on or off for this process (on by default where it applies, unless
+    ``INTERQ_FLASH_DECODE=0``): off, every
     decode takes torch's ``F.scaled_dot_product_attention`` (the same values; for side-by-side timing)."""
     _FLASH["enabled"] = bool(enabled)
 

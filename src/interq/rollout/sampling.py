@@ -115,9 +115,10 @@ def exponential_race(generators: Sequence[torch.Generator], vocab: int) -> torch
 
     The draw is serial per generator. Where interq's CPU kernels load (:mod:`interq.quant.kernels`) the uniforms come
     from ``uniform_f64_rows``, which writes the numbers ``Tensor.uniform_`` would with each generator's mt19937
-    inlined, rows over torch's threads (the same numbers and generator states, tested): the race of 16 rows of 49k
+    run in bulk, rows over torch's threads (the same numbers and generator states, tested): the race of 16 rows of 49k
     took 6.0 ms against 17.1 with the threads below at 2 threads, 10.1 against 14.7 at one (an Intel Xeon,
-    ``results/bench-2026-12-03-s17/sampling.log``). Otherwise rows are split over
+    ``results/bench-2026-12-03-s17/sampling.log``); the uniforms alone 3.8 -> 1.1 ms at one thread since the engine
+    runs in blocks (nineteenth session). Otherwise rows are split over
     ``torch.get_num_threads()`` Python threads (torch releases the GIL); each generator is used by one thread in its
     own order, so the numbers are those of the loop (a generator named for two rows draws them in row order, on
     one thread).
@@ -169,5 +170,9 @@ def sample_tokens(
     logp = transformed_logprobs(logits, params.temperature, params.top_k, params.top_p)  # [N, V]
     probs = logp.exp()  # [N, V]
     race = exponential_race(generators, probs.shape[-1])  # [N, V]
-    tokens = probs.div_(race.to(probs.device)).argmax(dim=-1)  # [N] (probs is a temporary: divided in place)
+    mod = _kernels() if probs.device.type == "cpu" else None
+    if mod is not None and hasattr(mod, "race_argmax") and probs.is_contiguous() and race.is_contiguous():
+        tokens = mod.race_argmax(probs, race)  # [N]: the same division and argmax in one pass (no quotient tensor)
+    else:
+        tokens = probs.div_(race.to(probs.device)).argmax(dim=-1)  # [N] (probs is a temporary: divided in place)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)  # [N], [N]
