@@ -97,8 +97,8 @@ FLASH_PROBE_LENGTHS = (1, 17, 64, 300, 513, 1100)  # one and several blocks of 5
 
 def use_flash_decode(enabled: bool) -> None:
     """Turn the one-call flash decode on or off for this process (on by default where it applies, unless
-    ``INTERQ_FLASH_DECODE=0``): off, every
-    decode takes torch's ``F.scaled_dot_product_attention`` (the same values; for side-by-side timing)."""
+    ``INTERQ_FLASH_DECODE=0``): off, every decode takes torch's ``F.scaled_dot_product_attention`` (the same values;
+    for side-by-side timing)."""
     _FLASH["enabled"] = bool(enabled)
 
 
@@ -144,7 +144,7 @@ def _flash_decode(q, key, value, mask, scaling):
         return None
     if mask is not None and not (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1
                                  and mask.shape[0] in (1, q.shape[0]) and mask.shape[3] == key.shape[2]
-                                 and mask.dtype in (torch.bool, torch.bfloat16, torch.float32)):
+                                 and mask.dtype in (torch.bool, torch.bfloat16)):  # the masks torch takes here
         return None
     if not flash_decode_matches(q.shape[2], q.shape[3]):
         return None
