@@ -22,7 +22,7 @@ Where interq's CPU kernels are built for a CPU with AMX-BF16, ``sdpa_packed``'s 
 computation in one call (``flash_decode_amx``: the same bits, found step by step against torch 2.13 and checked per
 shape and thread count on a probe when first used, :func:`flash_decode_matches`; torch's own call otherwise, or
 after :func:`use_flash_decode` ``(False)``): torch runs each (row, KV head) of a decode as blocks of 512 keys through
-two oneDNN GEMM calls each, whose fixed cost dominates at a rollout's sizes (1.4-2.2x per layer call at SmolLM2's
+two oneDNN GEMM calls each, whose fixed cost dominates at a rollout's sizes (1.3-2.2x per layer call at SmolLM2's
 shapes, 48-2,000 cached tokens, docs/benchmarks.md "2026-12-03, nineteenth session").
 
 ``packed_kernel`` (opt-in) is ``sdpa_packed`` with the attention computed by interq's CPU kernels
