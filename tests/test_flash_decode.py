@@ -78,6 +78,24 @@ def test_many_problems_and_blocks_at_each_thread_count(threads):
         torch.set_num_threads(before)
 
 
+def test_torch_settings_that_change_its_path_turn_the_kernel_off():
+    """With torch's flash attention turned off (its math attention) or oneDNN off (other GEMMs), or inputs that need
+    gradients, sdpa_packed takes torch's call."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    _kernels()
+    q, k, v = _problem(2, 3, 40, 64, seed=5)
+    assert A._flash_decode(q, k, v, None, None) is not None
+    with sdpa_kernel(SDPBackend.MATH):
+        assert A._flash_decode(q, k, v, None, None) is None
+    torch.backends.mkldnn.enabled = False  # (its flags() context also sets a TF32 flag, with a warning)
+    try:
+        assert A._flash_decode(q, k, v, None, None) is None
+    finally:
+        torch.backends.mkldnn.enabled = True
+    assert A._flash_decode(q, k.requires_grad_(), v, None, None) is None
+
+
 def test_a_float_mask_that_could_round_otherwise_is_declined():
     """With a scale that is not a power of two, torch may fuse scale and mask into one multiply-add: a mask value
     that is neither 0, -inf nor huge is declined (exact = False) and sdpa_packed then takes torch's result."""
@@ -107,6 +125,8 @@ def test_bad_shapes_are_refused_by_name():
 
 def test_the_probe_decides_once_per_shape_and_thread_count():
     _kernels()
+    if not (torch.backends.mkldnn.enabled and torch.backends.cuda.flash_sdp_enabled()):
+        pytest.skip("torch's flash attention or oneDNN is turned off here")
     assert not A.flash_decode_matches(1, 64) and not A.flash_decode_matches(3, 48)
     assert A.flash_decode_matches(3, 64)
     assert A._FLASH[(3, 64, torch.get_num_threads())] is True
@@ -119,6 +139,8 @@ def test_sdpa_packed_decode_is_the_same_with_and_without_it():
     from interq.rollout import RolloutEngine, SamplingParams
 
     _kernels()
+    if not A._FLASH["enabled"]:
+        pytest.skip("the one-call decode is turned off here (INTERQ_FLASH_DECODE=0)")
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=96, hidden_size=192, intermediate_size=160, num_hidden_layers=2,
                       num_attention_heads=6, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,

@@ -32,7 +32,8 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   :mod:`interq.quant.packed_linear` checks on a probe per shape, row count and thread count before using it
 - ``flash_decode_amx(q, k, v, mask, scale)``: torch's CPU flash attention of bf16 decode problems ([B, H_kv, G, D]
   query rows over [B, H_kv, L, D] keys and values) in one call, bit for bit where oneDNN multiplies by AMX-BF16 tiles
-  (AMX builds; 2 <= G <= 16, D a multiple of 32): ``rollout.attention=sdpa_packed``'s decode where its probe agrees
+  (AMX builds; 2 <= G <= 16, D a multiple of 32 up to 256; bool or bf16 masks: float32 masks are accepted but
+  unverified against torch, which does not take them with a bf16 query): ``rollout.attention=sdpa_packed``'s decode where its probe agrees
   (:func:`interq.rollout.attention.flash_decode_matches`)
 - ``decode_attention(q, k, v, mask, scale)``: one-token attention of the packed query heads of each KV head, fp32
   inside (``rollout.attention=packed_kernel``, :mod:`interq.rollout.attention`): NOT the same bits as torch's flash

@@ -117,12 +117,14 @@ def flash_decode_matches(groups: int, d: int) -> bool:
     if ok is None:
         ok = bool(mod.has_bf16_gemm_amx())
         gen = torch.Generator().manual_seed(0)
-        for length in FLASH_PROBE_LENGTHS if ok else ():
-            q = (torch.randn(2, 2, groups, d, generator=gen) * 2).bfloat16()
-            k = (torch.randn(2, 2, length, d, generator=gen) * 2).bfloat16()
-            v = torch.randn(2, 2, length, d, generator=gen).bfloat16()
-            keep = torch.ones(2, 1, 1, length, dtype=torch.bool)
-            keep[1, ..., : length // 3] = False
+        # (batch, KV heads): one problem (torch's loop then runs inline, outside a parallel region) and several
+        shapes = [(2, 2)] * len(FLASH_PROBE_LENGTHS) + [(1, 1), (2, 4)]
+        for length, (b, hkv) in zip(FLASH_PROBE_LENGTHS + (300, 300), shapes) if ok else ():
+            q = (torch.randn(b, hkv, groups, d, generator=gen) * 2).bfloat16()
+            k = (torch.randn(b, hkv, length, d, generator=gen) * 2).bfloat16()
+            v = torch.randn(b, hkv, length, d, generator=gen).bfloat16()
+            keep = torch.ones(b, 1, 1, length, dtype=torch.bool)
+            keep[-1, ..., : length // 3] = False
             for mask in (None, keep):
                 ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
                 out, exact = mod.flash_decode_amx(q, k, v, mask, 1.0 / math.sqrt(d))
@@ -134,7 +136,13 @@ def flash_decode_matches(groups: int, d: int) -> bool:
 def _flash_decode(q, key, value, mask, scaling):
     """``F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)`` of packed decode rows
     ([B, H_kv, G, D]) by ``flash_decode_amx`` where it gives torch's bits (:func:`flash_decode_matches`), else None."""
-    if not _FLASH["enabled"] or q.device.type != "cpu" or q.requires_grad and torch.is_grad_enabled():
+    if not _FLASH["enabled"] or q.device.type != "cpu":
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, key, value, mask)):
+        return None  # no gradient through the kernel: torch's call
+    # torch's own call takes another path (math attention, or GEMMs without oneDNN) when these are turned off
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+            and torch.backends.cuda.flash_sdp_enabled()):
         return None
     if not (q.dtype == key.dtype == value.dtype == torch.bfloat16) or value.shape[-1] != q.shape[-1]:
         return None
@@ -242,8 +250,10 @@ def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Mo
         raise ValueError(f"rollout.attention={attention} needs a model with transformers' sdpa attention; "
                          f"{type(model).__name__} uses {current!r}")
     _register()
-    from interq.quant import kernels
+    param = next(model.parameters(), None)
+    if param is None or param.device.type == "cpu":
+        from interq.quant import kernels
 
-    kernels.load()  # built once per machine: sdpa_packed's one-call decode, packed_kernel's kernels (else torch's)
+        kernels.load()  # built once per machine: sdpa_packed's one-call decode, packed_kernel's kernels (else torch's)
     model.set_attn_implementation(_NAMES[attention])
     return model

@@ -171,7 +171,8 @@ def sample_tokens(
     probs = logp.exp()  # [N, V]
     race = exponential_race(generators, probs.shape[-1])  # [N, V]
     mod = _kernels() if probs.device.type == "cpu" else None
-    if mod is not None and hasattr(mod, "race_argmax") and probs.is_contiguous() and race.is_contiguous():
+    if (mod is not None and hasattr(mod, "race_argmax") and race.device == probs.device
+            and probs.dtype == race.dtype == torch.float32 and probs.is_contiguous() and race.is_contiguous()):
         tokens = mod.race_argmax(probs, race)  # [N]: the same division and argmax in one pass (no quotient tensor)
     else:
         tokens = probs.div_(race.to(probs.device)).argmax(dim=-1)  # [N] (probs is a temporary: divided in place)
