@@ -174,3 +174,19 @@ def test_sdpa_packed_decode_is_the_same_with_and_without_it():
         A.use_flash_decode(True)
     for a, b in zip(with_it, without):
         assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+
+
+def test_a_probe_that_disagrees_leaves_the_shape_to_torch(monkeypatch):
+    """Another torch (or oneDNN) with other sums: the probe's comparison fails, the shape is remembered as not
+    matching and every call of it takes torch's result."""
+    _kernels()
+    key = (5, 96, torch.get_num_threads())
+    A._FLASH.pop(key, None)
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", lambda *a, **k: real(*a, **k) * 1.5)
+    try:
+        assert not A.flash_decode_matches(5, 96) and A._FLASH[key] is False
+        q, k, v = _problem(2, 5, 30, 96, seed=9)
+        assert A._flash_decode(q, k, v, None, None) is None
+    finally:
+        A._FLASH.pop(key, None)
