@@ -412,16 +412,22 @@ def test_exponential_race_equals_the_serial_loop(inference, kernel):
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("vocab", [1, 311, 312, 313, 1000, 49_152])
-def test_uniform_rows_equal_torch_across_many_twists(vocab):
-    """``uniform_f64_rows`` (the engine's outputs tempered and twisted in blocks) writes what ``uniform_`` writes and
-    leaves each generator's state (the 624 words and the counters) as ``uniform_`` does, from states at different
-    offsets in their 624-word cycle, over several calls."""
+def _kernels_or_skip():
+    """interq's compiled CPU kernels, or skip the test where they do not build."""
     from interq.quant import kernels
 
     mod = kernels.load()
     if mod is None:
         pytest.skip(f"interq's CPU kernels: {kernels.status()['reason']}")
+    return mod
+
+
+@pytest.mark.parametrize("vocab", [1, 311, 312, 313, 1000, 49_152])
+def test_uniform_rows_equal_torch_across_many_twists(vocab):
+    """``uniform_f64_rows`` (the engine's outputs tempered and twisted in blocks) writes what ``uniform_`` writes and
+    leaves each generator's state (the 624 words and the counters) as ``uniform_`` does, from states at different
+    offsets in their 624-word cycle, over several calls."""
+    mod = _kernels_or_skip()
 
     def gens():
         out = [torch.Generator().manual_seed(100 + i) for i in range(4)]
@@ -442,11 +448,7 @@ def test_uniform_rows_equal_torch_across_many_twists(vocab):
 def test_race_argmax_is_div_then_argmax(vocab):
     """The sampler's ``race_argmax`` kernel = ``probs.div(race).argmax(-1)``: the first index of the largest
     quotient, ties to the first, a NaN quotient (a NaN probability, 0 / 0) the largest, the first NaN winning."""
-    from interq.quant import kernels
-
-    mod = kernels.load()
-    if mod is None:
-        pytest.skip(f"interq's CPU kernels: {kernels.status()['reason']}")
+    mod = _kernels_or_skip()
     g = torch.Generator().manual_seed(vocab)
     for case in range(6):
         p, e = torch.rand(5, vocab, generator=g), torch.rand(5, vocab, generator=g) + 1e-3

@@ -33,8 +33,8 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
 - ``flash_decode_amx(q, k, v, mask, scale)``: torch's CPU flash attention of bf16 decode problems ([B, H_kv, G, D]
   query rows over [B, H_kv, L, D] keys and values) in one call, bit for bit where oneDNN multiplies by AMX-BF16 tiles
   (AMX builds; 2 <= G <= 16, D a multiple of 32 up to 256; bool or bf16 masks: float32 masks are accepted but
-  unverified against torch, which does not take them with a bf16 query): ``rollout.attention=sdpa_packed``'s decode where its probe agrees
-  (:func:`interq.rollout.attention.flash_decode_matches`)
+  unverified against torch, which does not take them with a bf16 query): ``rollout.attention=sdpa_packed``'s decode
+  where its probe agrees (:func:`interq.rollout.attention.flash_decode_matches`)
 - ``decode_attention(q, k, v, mask, scale)``: one-token attention of the packed query heads of each KV head, fp32
   inside (``rollout.attention=packed_kernel``, :mod:`interq.rollout.attention`): NOT the same bits as torch's flash
   kernel (an opt-in computation of its own, to rounding; the two below are the others; every other kernel here is
@@ -167,7 +167,8 @@ def _build(openmp: bool, verbose: bool):
                              functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
                                         "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
                                         "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_amx",
-                                        "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx", "flash_decode_amx",
+                                        "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
+                                        "flash_decode_amx",
                                         "torch_row_sums", "rms_norm_bf16",
                                         "decode_attention",
                                         "causal_attention_fwd", "causal_attention_bwd", "masked_attention",

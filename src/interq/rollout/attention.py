@@ -91,7 +91,8 @@ def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: fl
 
 # torch's flash kernel in one call (interq's flash_decode_amx): per (G, D, thread count) whether it equals torch's
 # on the probe (None: not asked yet); "enabled": use_flash_decode
-_FLASH: dict = {"enabled": os.environ.get("INTERQ_FLASH_DECODE", "1").strip().lower() not in ("0", "off", "false", "no")}
+_FLASH: dict = {
+    "enabled": os.environ.get("INTERQ_FLASH_DECODE", "1").strip().lower() not in ("0", "off", "false", "no")}
 FLASH_PROBE_LENGTHS = (1, 17, 64, 300, 513, 1100)  # one and several blocks of 512 keys, whole and partial vectors
 
 

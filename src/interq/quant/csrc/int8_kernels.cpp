@@ -1728,8 +1728,8 @@ torch::Tensor masked_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
 // (the first in the high half), keeps the low 53 bits and scales them by 2^-53 (ATen's
 // transformation::uniform_real; tests/test_rollout_engine.py compares). Its serial kernel calls the generator through
 // libtorch once per number; here the engine's state (ATen's header-only at::mt19937) is advanced in bulk (mt_outputs)
-// and stored back, rows in parallel, each under its generator's lock (16 rows of 49k: 3.8 -> 1.1 ms on one core). Generators that appear twice are drawn in row order on
-// one thread (as the loop would).
+// and stored back, rows in parallel, each under its generator's lock (16 rows of 49k: 3.8 -> 1.1 ms on one core).
+// Generators that appear twice are drawn in row order on one thread (as the loop would).
 #include <ATen/CPUGeneratorImpl.h>
 #include <mutex>
 
@@ -1788,7 +1788,7 @@ void mt_outputs(at::mt19937_data_pod& d, uint32_t* out, int64_t count) {
     for (; j + 16 <= t; j += 16) {
       __m512i y = _mm512_loadu_si512(st + d.next_ + j);
       y = _mm512_xor_si512(y, _mm512_srli_epi32(y, 11));
-      y = _mm512_xor_si512(y, _mm512_and_si512(_mm512_slli_epi32(y, 7), _mm512_set1_epi32(0x9d2c5680)));
+      y = _mm512_xor_si512(y, _mm512_and_si512(_mm512_slli_epi32(y, 7), _mm512_set1_epi32(static_cast<int>(0x9d2c5680u))));
       y = _mm512_xor_si512(y, _mm512_and_si512(_mm512_slli_epi32(y, 15), _mm512_set1_epi32(static_cast<int>(0xefc60000u))));
       y = _mm512_xor_si512(y, _mm512_srli_epi32(y, 18));
       _mm512_storeu_si512(out + j, y);
