@@ -47,6 +47,10 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   words at a time) instead of one libtorch call per number, rows in parallel
 - ``race_argmax(probs, race)`` = ``probs.div(race).argmax(-1)`` (the sampler's last step, its NaN and tie rules) in
   one pass without the quotient tensor
+- ``rope_bf16(q, k, cos, sin)`` = transformers' ``apply_rotary_pos_emb`` of bf16 query and key heads ([B, S, N, D],
+  contiguous) with its eager ops' roundings (both products and their sum rounded to bf16), and whether an output is
+  NaN (then the caller takes the eager ops: torch's vectorized NaN bits differ): the rollout's fast decoder layer
+  (:mod:`interq.rollout.fast_layers`)
 - ``causal_attention_fwd(q, k, v, scale)`` / ``causal_attention_bwd(...)``: the learner's causal self-attention and
   its gradient in fp32 (``train.learner_attention=kernel``, :mod:`interq.train.learner_attention`): to rounding
 
@@ -172,7 +176,7 @@ def _build(openmp: bool, verbose: bool):
                                         "torch_row_sums", "rms_norm_bf16",
                                         "decode_attention",
                                         "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
-                                        "uniform_f64_rows", "race_argmax"],
+                                        "uniform_f64_rows", "race_argmax", "rope_bf16"],
                              extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
                              build_directory=str(build_dir), verbose=verbose)
 

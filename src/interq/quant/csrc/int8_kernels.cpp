@@ -17,6 +17,7 @@
 //   bf16_linear_amx: F.linear of bf16 by AMX-BF16 tiles, oneDNN's sums where the caller's probe says so
 //   rms_norm_bf16:  transformers' Llama / Qwen RMSNorm of bf16 rows with torch's summation order (interq.quant.rms_norm)
 //   flash_decode_amx: torch's CPU flash attention of bf16 decode rows (oneDNN's AMX-BF16 sums), in one call
+//   rope_bf16:      transformers' Llama rotary embedding of bf16 query and key rows, its eager ops' roundings
 //   uniform_f64_rows / race_argmax: the sampler's uniforms (Tensor.uniform_'s) and its (probs / race).argmax
 //   decode_attention: NOT an eager chain's bits: one-token GQA attention in fp32 for rollout.attention=packed_kernel
 //   causal_attention_fwd / _bwd: NOT an eager chain's bits: the learner's causal GQA attention and its gradient,
@@ -2097,6 +2098,93 @@ std::tuple<torch::Tensor, bool> flash_decode_amx(torch::Tensor q, torch::Tensor 
   TORCH_CHECK(false, "flash_decode_amx: this build has no AMX-BF16 (see has_bf16_gemm_amx)");
   return {q, false};
 #endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// rope_bf16: transformers' Llama rotary embedding of bf16 query and key rows (apply_rotary_pos_emb:
+// q * cos + rotate_half(q) * sin), each of its eager ops' roundings kept: both products rounded to bf16 (the float
+// product of two bf16 values is exact, so each is one rounding), their float sum rounded to bf16, rotate_half's
+// negation exact. x [B, S, N, D] (the projection's output as heads, contiguous), cos / sin [B or 1, S, D] -> out of
+// the same shape; whether an output is NaN (torch's vectorized conversion writes other NaN bits than the scalar one:
+// the caller then takes the eager ops). Rows (b, s, n) over the threads.
+namespace {
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+// float -> bf16 -> float, round to nearest even (not for NaN: the caller checks for those)
+inline float round_bf16(float f) {
+  const uint32_t u = bits_of(f);
+  return float_of(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
+}
+
+bool rope_rows(const c10::BFloat16* x, const c10::BFloat16* cs, const c10::BFloat16* sn, int64_t b, int64_t s,
+               int64_t n, int64_t d, bool cos_batched, c10::BFloat16* out) {
+  const int64_t half = d / 2;
+  std::atomic<bool> nan{false};
+  at::parallel_for(0, b * s * n, 64, [&](int64_t r0, int64_t r1) {
+    std::vector<float> c(d), si(d), y(d);
+    int64_t loaded = -1;  // the (b, s) whose cos / sin are in c / si
+    bool any_nan = false;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t bs = r / n;  // b * s + s_index
+      if (bs != loaded) {
+        const int64_t cbs = cos_batched ? bs : bs % s;
+        for (int64_t j = 0; j < d; ++j) {
+          c[j] = load_f(cs[cbs * d + j]);
+          si[j] = load_f(sn[cbs * d + j]);
+        }
+        loaded = bs;
+      }
+      const c10::BFloat16* xr = x + r * d;
+      for (int64_t j = 0; j < d; ++j) {
+        const float v = load_f(xr[j]);
+        const float rot = j < half ? -load_f(xr[j + half]) : load_f(xr[j - half]);
+        y[j] = round_bf16(round_bf16(v * c[j]) + round_bf16(rot * si[j]));
+      }
+      c10::BFloat16* o = out + r * d;
+      for (int64_t j = 0; j < d; ++j) {
+        any_nan |= (y[j] != y[j]);
+        o[j].x = uint16_t(bits_of(y[j]) >> 16);
+      }
+    }
+    if (any_nan) nan.store(true);
+  });
+  return nan.load();
+}
+
+void check_rope(const torch::Tensor& x, const torch::Tensor& cs, const torch::Tensor& sn) {
+  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.device().is_cpu(),
+              "rope_bf16: q and k must be contiguous bf16 CPU tensors [B, S, N, D]");
+  TORCH_CHECK(x.size(3) % 2 == 0, "rope_bf16: the head size must be even");
+  TORCH_CHECK(cs.dim() == 3 && sn.sizes() == cs.sizes() && cs.scalar_type() == torch::kBFloat16 &&
+                  sn.scalar_type() == torch::kBFloat16 && cs.is_contiguous() && sn.is_contiguous() &&
+                  (cs.size(0) == 1 || cs.size(0) == x.size(0)) && cs.size(1) == x.size(1) &&
+                  cs.size(2) == x.size(3),
+              "rope_bf16: cos and sin must be contiguous bf16 [B or 1, S, D] matching q and k");
+}
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor, bool> rope_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor cos,
+                                                         torch::Tensor sin) {
+  check_rope(q, cos, sin);
+  check_rope(k, cos, sin);
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+              "rope_bf16: q and k must share B, S and D");
+  auto qo = torch::empty_like(q), ko = torch::empty_like(k);
+  const bool batched = cos.size(0) != 1 || q.size(0) == 1;
+  const auto* cp = cos.data_ptr<c10::BFloat16>();
+  const auto* sp = sin.data_ptr<c10::BFloat16>();
+  const int64_t b = q.size(0), s = q.size(1), d = q.size(3);
+  bool nan = rope_rows(q.data_ptr<c10::BFloat16>(), cp, sp, b, s, q.size(2), d, batched, qo.data_ptr<c10::BFloat16>());
+  nan |= rope_rows(k.data_ptr<c10::BFloat16>(), cp, sp, b, s, k.size(2), d, batched, ko.data_ptr<c10::BFloat16>());
+  return {qo, ko, nan};
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,147 @@
+"""A lean forward for a rollout executor's Llama decoder layers: the same operations, fewer Python calls.
+
+At a rollout's sizes (SmolLM2-135M, 16 rows, one new token per row) a decode step is dominated by per-call
+overhead, not arithmetic: with the same 30 layers at a tiny width a step still took about 30 ms on one core
+(docs/benchmarks.md "2026-12-03, twentieth session"). transformers' ``LlamaDecoderLayer`` goes through nine module
+calls per layer (each ``Module.__call__`` with its hook checks, two with a deprecated-argument wrapper), the fused
+q|k|v and gate|up groups of the int8 executor hand their members' outputs out one module call at a time, and the
+rotary embedding is ten eager ops (``q * cos + rotate_half(q) * sin`` for q and k).
+
+:func:`install` gives each ``LlamaDecoderLayer`` of a model an instance ``forward`` that calls its submodules'
+``forward`` directly in transformers' order, runs a fused q|k|v (gate|up) group in one call, and the rotary
+embedding of bf16 CPU heads by interq's ``rope_bf16`` kernel (the eager ops' roundings: both products and their sum
+rounded to bf16; eager where an output is NaN). Every value is the eager layer's, bit for bit (tested: the engine's
+tokens and log-probs with and without it). A call takes transformers' own forward where the lean one could differ:
+in training mode, with gradients asked for, with forward hooks on any submodule (transformers records attentions and
+hidden states by hooks), or under argument names this code does not know. Other layer classes are left alone.
+
+``set_rollout_attention`` installs it on every rollout executor; ``use_fast_layers(False)`` (or
+``INTERQ_FAST_LAYERS=0``) makes every layer take transformers' forward again, for side-by-side timing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+import weakref
+
+import torch
+from torch import nn
+
+LAYER_CLASSES = ("LlamaDecoderLayer",)  # whose forward (transformers 5) the lean forward reproduces
+_STATE = {"enabled": os.environ.get("INTERQ_FAST_LAYERS", "1").strip().lower() not in ("0", "off", "false", "no")}
+_KNOWN_KWARGS = frozenset({"position_ids", "use_cache", "cache_position"})  # what the layer passes on unchanged
+
+
+def use_fast_layers(enabled: bool) -> None:
+    """Turn the lean layer forward on or off for this process (on by default unless ``INTERQ_FAST_LAYERS=0``)."""
+    _STATE["enabled"] = bool(enabled)
+
+
+def _project(mods: list[nn.Module]):
+    """x -> one output per module of ``mods``: the int8 executor's fused group in one call where ``mods`` are
+    all its members in order, else each module's ``forward``."""
+    from interq.quant.linear import FusedQuantSlice
+
+    group = getattr(mods[0], "group", None)
+    if (all(isinstance(m, FusedQuantSlice) and m.group is group for m in mods)
+            and [m.index for m in mods] == list(range(len(group.sizes)))):
+        return group.forward
+    forwards = [m.forward for m in mods]
+    return lambda x: tuple(f(x) for f in forwards)
+
+
+def _rope(eager, q, k, cos, sin):
+    """``eager(q, k, cos, sin)`` (transformers' ``apply_rotary_pos_emb``) of q [B, S, H, D] and k [B, S, Hkv, D]
+    heads (contiguous) -> ([B, H, S, D], [B, Hkv, S, D]) with the eager result's values and layout."""
+    from interq.quant import kernels
+
+    mod = kernels.get()
+    if (mod is not None and hasattr(mod, "rope_bf16") and q.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) and q.dtype == k.dtype == cos.dtype
+            == sin.dtype == torch.bfloat16 and cos.dim() == 3 and cos.shape == sin.shape and cos.is_contiguous()
+            and sin.is_contiguous() and cos.shape[0] in (1, q.shape[0])):
+        qo, ko, nan = mod.rope_bf16(q, k, cos, sin)
+        if not nan:
+            if q.shape[1] == 1:  # one token: torch's result is contiguous [B, H, 1, D] (the same memory)
+                return qo.view(q.shape[0], q.shape[2], 1, q.shape[3]), ko.view(k.shape[0], k.shape[2], 1, k.shape[3])
+            return qo.transpose(1, 2), ko.transpose(1, 2)  # several tokens: [B, S, H, D] memory, as torch's
+    return eager(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+
+
+def _hooked(mods: tuple[nn.Module, ...]) -> bool:
+    from torch.nn.modules import module as M
+
+    if M._global_forward_hooks or M._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in mods)
+
+
+class _Plan:
+    """What the lean forward of one layer calls, gathered once (kept apart from the layer, so that a deep copy of
+    the model does not carry callables bound to this layer's modules: the copy gathers its own)."""
+
+    def __init__(self, layer: nn.Module):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.attn, self.mlp = attn, mlp
+        self.qkv = _project([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.gate_up = _project([mlp.gate_proj, mlp.up_proj])
+        self.norm1, self.norm2 = layer.input_layernorm.forward, layer.post_attention_layernorm.forward
+        self.o_proj, self.down = attn.o_proj.forward, mlp.down_proj.forward
+        self.act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
+        self.rope_eager = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        self.mods = tuple(m for m in layer.modules() if m is not layer)
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _plan(layer: nn.Module) -> _Plan:
+    plan = _PLANS.get(layer)
+    if plan is None or plan.attn is not layer.self_attn or plan.mlp is not layer.mlp:
+        plan = _PLANS[layer] = _Plan(layer)
+    return plan
+
+
+def _lean_forward(layer, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                  position_embeddings=None, **kwargs):
+    """A ``LlamaDecoderLayer``'s forward with fewer calls (see the module docstring); bound to the layer by
+    :func:`install`."""
+    plan = _plan(layer)
+    if (not _STATE["enabled"] or layer.training or position_embeddings is None or not _KNOWN_KWARGS.issuperset(kwargs)
+            or (torch.is_grad_enabled() and hidden_states.requires_grad) or _hooked(plan.mods)):
+        return type(layer).forward(layer, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                   cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    attn = plan.attn
+    b, s = hidden_states.shape[:2]
+    d = attn.head_dim
+    q, k, v = plan.qkv(plan.norm1(hidden_states))  # [B, S, H * D], [B, S, Hkv * D] x 2
+    q, k = _rope(plan.rope_eager, q.view(b, s, -1, d), k.view(b, s, -1, d), *position_embeddings)
+    v = v.view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
+    kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what LlamaAttention passes on
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+    attention = ALL_ATTENTION_FUNCTIONS[attn.config._attn_implementation]
+    out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+    hidden_states = hidden_states + plan.o_proj(out.reshape(b, s, -1).contiguous())
+    gate, up = plan.gate_up(plan.norm2(hidden_states))
+    return hidden_states + plan.down(plan.act(gate) * up)
+
+
+def install(model: nn.Module) -> int:
+    """Give every decoder layer of :data:`LAYER_CLASSES` in ``model`` the lean forward (call it again after
+    replacing a layer's linears or norms); -> how many layers have it."""
+    n = 0
+    for layer in model.modules():
+        if type(layer).__name__ not in LAYER_CLASSES:
+            continue
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None or getattr(attn, "config", None) is None:
+            continue
+        layer.forward = types.MethodType(_lean_forward, layer)  # a deep copy of the model binds it to the copy
+        _PLANS.pop(layer, None)  # gathered again at the next call (the modules may have been replaced)
+        n += 1
+    return n

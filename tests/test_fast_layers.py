@@ -1,0 +1,201 @@
+"""The rollout executor's lean Llama decoder-layer forward (interq.rollout.fast_layers) and its rotary-embedding
+kernel (``rope_bf16``): the eager layer's values bit for bit, and transformers' own forward wherever the lean one
+could differ."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers.models.llama import modeling_llama as ML
+
+from interq.quant import BF16_EXECUTOR, QuantConfig, kernels, make_executor, make_kv_cache
+from interq.rollout import RolloutEngine, SamplingParams
+from interq.rollout import fast_layers as FL
+from interq.rollout.attention import set_rollout_attention
+
+
+def _kernels():
+    mod = kernels.load()
+    if mod is None or not hasattr(mod, "rope_bf16"):
+        pytest.skip("needs interq's CPU kernels")
+    return mod
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """Shape and the strides of dimensions longer than 1 (a length-1 dimension's stride is never used)."""
+    return tuple(t.shape), tuple(st for n, st in zip(t.shape, t.stride()) if n > 1)
+
+
+def _tiny(layers=2, hidden=192, heads=6, kv_heads=2, head_dim=32, seed=0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=160, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=2048, attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).bfloat16().eval().requires_grad_(False)
+
+
+def _rand(gen, shape, spread):
+    x = torch.randn(*shape, generator=gen)
+    return (x * torch.exp(spread * torch.randn(*shape, generator=gen))).bfloat16()
+
+
+@pytest.mark.parametrize("b,s,h,hkv,d,cos_rows", [(16, 1, 9, 3, 64, 16), (2, 5, 9, 3, 64, 2), (3, 7, 4, 2, 32, 1),
+                                                   (1, 3, 2, 1, 128, 1), (4, 1, 8, 8, 16, 4), (5, 2, 6, 2, 2, 5)])
+@pytest.mark.parametrize("spread", [0.0, 3.0, 20.0])
+def test_rope_kernel_equals_apply_rotary_pos_emb(b, s, h, hkv, d, cos_rows, spread):
+    """Both products and their sum rounded as the eager ops round them, on inputs whose magnitudes differ by up to
+    e^60 (so that the float sum itself rounds, and products fall below bf16's normal range); the result's values
+    and layout are the eager function's."""
+    mod = _kernels()
+    gen = torch.Generator().manual_seed(b * 1000 + s * 10 + d)
+    q, k = _rand(gen, (b, s, h, d), spread), _rand(gen, (b, s, hkv, d), spread)
+    cos, sin = _rand(gen, (cos_rows, s, d), spread), _rand(gen, (cos_rows, s, d), spread)
+    ref_q, ref_k = ML.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    qo, ko, nan = mod.rope_bf16(q, k, cos, sin)
+    assert not nan
+    assert torch.equal(_bits(qo.transpose(1, 2)), _bits(ref_q)) and torch.equal(_bits(ko.transpose(1, 2)), _bits(ref_k))
+    out_q, out_k = FL._rope(ML.apply_rotary_pos_emb, q, k, cos, sin)
+    assert _layout(out_q) == _layout(ref_q) and _layout(out_k) == _layout(ref_k)
+    assert torch.equal(_bits(out_q), _bits(ref_q)) and torch.equal(_bits(out_k), _bits(ref_k))
+
+
+def test_rope_nan_outputs_take_the_eager_ops():
+    """inf * 0 and inf - inf make NaNs, whose bits torch's vectorized conversion writes otherwise: the kernel says
+    so and the eager function's result is returned."""
+    mod = _kernels()
+    q = torch.ones(2, 1, 3, 32, dtype=torch.bfloat16)
+    q[0, 0, 1, 3] = float("inf")
+    k = torch.ones(2, 1, 1, 32, dtype=torch.bfloat16)
+    cos = torch.ones(2, 1, 32, dtype=torch.bfloat16)
+    sin = torch.zeros(2, 1, 32, dtype=torch.bfloat16)
+    assert mod.rope_bf16(q, k, cos, sin)[2]
+    ref_q, ref_k = ML.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    out_q, out_k = FL._rope(ML.apply_rotary_pos_emb, q, k, cos, sin)
+    assert torch.equal(_bits(out_q), _bits(ref_q)) and torch.equal(_bits(out_k), _bits(ref_k))
+
+
+def _play(model, cache_factory=None):
+    """Two turns of three padded episodes: a prefill, decode steps, a masked prefill over the cache, decode."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(4, 96, (n,), generator=gen).tolist() for n in (40, 23, 5)]
+    batch = RolloutEngine(model, cache_factory=cache_factory).new_batch(
+        [1, 2, 3], SamplingParams(temperature=1.0, max_action_tokens=6))
+    batch.step({i: p for i, p in enumerate(prompts)})
+    batch.step({i: [7, 8, 9] for i in range(3)})
+    return batch.close()
+
+
+def _counting(monkeypatch):
+    """Counts the lean forward's calls that did not hand over to transformers' forward."""
+    calls = {"lean": 0}
+    real = FL._plan
+
+    def plan(layer):
+        calls["lean"] += 1
+        return real(layer)
+
+    monkeypatch.setattr(FL, "_plan", plan)
+    return calls
+
+
+@pytest.mark.parametrize("executor", ["bf16", "w8a8-kv8", "w8a8"])
+@pytest.mark.parametrize("attention", ["sdpa_packed", "sdpa"])
+def test_engine_episodes_are_the_same_with_and_without_it(executor, attention, monkeypatch):
+    """The engine's tokens and behavior log-probs, bf16 and W8A8 executors (fused q|k|v and gate|up groups, the
+    8-bit KV cache), with the lean forward and with transformers'."""
+    learner = _tiny()
+    qcfg = {"bf16": BF16_EXECUTOR, "w8a8-kv8": QuantConfig(), "w8a8": QuantConfig(kv_format="none")}[executor]
+    model = set_rollout_attention(make_executor(learner, qcfg), attention)
+    assert all("forward" in vars(layer) for layer in model.model.layers)
+    factory = (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None
+    calls = _counting(monkeypatch)
+    try:
+        lean = _play(model, factory)
+        assert calls["lean"] > 0
+        FL.use_fast_layers(False)
+        eager = _play(model, factory)
+    finally:
+        FL.use_fast_layers(True)
+    for a, b in zip(lean, eager):
+        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+
+
+def test_model_forward_and_cache_are_the_same():
+    """A plain forward with a DynamicCache (as ``generate`` calls it): logits and cached keys bit for bit."""
+    model = set_rollout_attention(make_executor(_tiny(), BF16_EXECUTOR), "sdpa_packed")
+    ids = torch.randint(4, 96, (2, 9), generator=torch.Generator().manual_seed(3))
+
+    def run():
+        cache = DynamicCache(config=model.config)
+        first = model(input_ids=ids, cache=cache, use_cache=True).logits
+        nxt = model(input_ids=ids[:, :1], cache=cache, use_cache=True).logits
+        return first, nxt, cache.layers[1].keys.clone()
+
+    lean = run()
+    FL.use_fast_layers(False)
+    try:
+        eager = run()
+    finally:
+        FL.use_fast_layers(True)
+    for a, b in zip(lean, eager):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_hooks_training_and_gradients_take_transformers_forward(monkeypatch):
+    """A forward hook on any submodule (transformers records attentions that way), training mode, or an input that
+    needs gradients: transformers' forward runs (the hooks fire), with the same values."""
+    model = set_rollout_attention(_tiny(), "sdpa_packed")
+    layer = model.model.layers[0]
+    x = torch.randn(2, 3, 192, generator=torch.Generator().manual_seed(0)).bfloat16()
+    pos = model.model.rotary_emb(x, torch.arange(3)[None].expand(2, 3))
+    ref = layer(x, position_embeddings=pos)
+    calls = _counting(monkeypatch)
+    fired = []
+    handle = layer.self_attn.register_forward_hook(lambda m, a, o: fired.append(1))
+    try:
+        out = layer(x, position_embeddings=pos)
+    finally:
+        handle.remove()
+    assert fired and calls["lean"] == 1 and torch.equal(_bits(out), _bits(ref))  # asked once, then handed over
+    model.train()
+    assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(ref))
+    model.eval()
+    xg = x.clone().requires_grad_(True)
+    out = layer(xg, position_embeddings=pos)
+    assert out.requires_grad and torch.equal(_bits(out.detach()), _bits(ref))
+    out.float().sum().backward()
+    assert xg.grad is not None
+    lean_before = calls["lean"]
+    assert torch.equal(_bits(layer(x, position_embeddings=pos, output_attentions=True)), _bits(ref))  # unknown kwarg
+    assert calls["lean"] == lean_before + 1
+
+
+def test_a_deep_copy_runs_its_own_modules():
+    """``copy.deepcopy`` of an executor with the lean forward binds the copy's layers to the copy's modules."""
+    model = set_rollout_attention(make_executor(_tiny(), QuantConfig()), "sdpa_packed")
+    ids = torch.randint(4, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    before = model(input_ids=ids).logits
+    twin = copy.deepcopy(model)
+    assert all(layer.forward.__self__ is layer for layer in twin.model.layers)
+    with torch.no_grad():
+        for m in twin.modules():  # the copy's norms scaled: its output must move, the original's not
+            if type(m).__name__.endswith("RMSNorm"):
+                m.weight.mul_(2)
+    assert not torch.equal(twin(input_ids=ids).logits, before)
+    assert torch.equal(model(input_ids=ids).logits, before)
+
+
+def test_other_layer_classes_are_left_alone():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, attn_implementation="sdpa")
+    model = Qwen3ForCausalLM(cfg).eval()
+    assert FL.install(model) == 0 and "forward" not in vars(model.model.layers[0])
