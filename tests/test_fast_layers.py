@@ -33,9 +33,9 @@ def _layout(t: torch.Tensor) -> tuple:
     return tuple(t.shape), tuple(st for n, st in zip(t.shape, t.stride()) if n > 1)
 
 
-def _tiny(layers=2, hidden=192, heads=6, kv_heads=2, head_dim=32, seed=0) -> LlamaForCausalLM:
+def _tiny(layers=2, hidden=192, heads=6, kv_heads=2, head_dim=32, seed=0, intermediate=256) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=160, num_hidden_layers=layers,
+    cfg = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                       max_position_embeddings=2048, attn_implementation="sdpa")
     return LlamaForCausalLM(cfg).bfloat16().eval().requires_grad_(False)
@@ -199,3 +199,23 @@ def test_other_layer_classes_are_left_alone():
                       num_key_value_heads=2, head_dim=16, attn_implementation="sdpa")
     model = Qwen3ForCausalLM(cfg).eval()
     assert FL.install(model) == 0 and "forward" not in vars(model.model.layers[0])
+
+
+def test_lean_calls_equal_the_modules():
+    """The plan's direct kernel calls (int8 groups and linears, fused norms) against the modules' own forward."""
+    _kernels()
+    model = set_rollout_attention(make_executor(_tiny(intermediate=256), QuantConfig()), "sdpa_packed")
+    layer = model.model.layers[1]
+    plan = FL._plan(layer)
+    x = _rand(torch.Generator().manual_seed(2), (4, 3, 192), 2.0)
+    attn, mlp = layer.self_attn, layer.mlp
+    with torch.no_grad():
+        for got, want in zip(plan.qkv(x), (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))):
+            assert torch.equal(_bits(got.view(want.shape)), _bits(want))
+        for got, want in zip(plan.gate_up(x), (mlp.gate_proj(x), mlp.up_proj(x))):
+            assert torch.equal(_bits(got.view(want.shape)), _bits(want))
+        h = _rand(torch.Generator().manual_seed(3), (4, 3, 256), 2.0)
+        assert torch.equal(_bits(plan.down(h).view(4, 3, -1)), _bits(mlp.down_proj(h)))
+        assert torch.equal(_bits(plan.o_proj(x).view(4, 3, -1)), _bits(attn.o_proj(x)))
+        assert torch.equal(_bits(plan.norm1(x)), _bits(layer.input_layernorm(x)))
+    assert plan.o_proj is not attn.o_proj.forward and plan.norm1 is not layer.input_layernorm.forward  # direct calls

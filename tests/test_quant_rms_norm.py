@@ -41,7 +41,7 @@ def test_the_other_vector_width_gives_other_sums():
 
 @needs_kernel
 @pytest.mark.parametrize("cls,eps", [(LlamaRMSNorm, 1e-5), (LlamaRMSNorm, 1e-6), (Qwen3RMSNorm, 1e-6)])
-@pytest.mark.parametrize("n", [8, 64, 128, 576, 960, 2048])
+@pytest.mark.parametrize("n", [8, 24, 64, 128, 200, 576, 960, 2048])
 @pytest.mark.parametrize("shape", [(16, 1), (3, 41), (700,)])
 def test_fused_norm_equals_the_eager_module_bit_for_bit(cls, eps, n, shape):
     norm = cls(n, eps).to(torch.bfloat16)

@@ -39,17 +39,77 @@ def use_fast_layers(enabled: bool) -> None:
     _STATE["enabled"] = bool(enabled)
 
 
+_AMX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what int8_linear_amx takes and gives
+
+
+def _int8_call(module: nn.Module, sizes: list[int]):
+    """x [..., K] -> a list of [M, N_i] outputs (or None: the module's own forward is needed) by one call of the
+    kernels' ``int8_linear_amx``, for an int8 module (:class:`QuantLinear` or a :class:`FusedQuantLinear` group)
+    whose forward would make that same call (:func:`interq.quant.linear.amx_linear`); None for other modules."""
+    from interq.quant import kernels
+    from interq.quant.config import int_qmax
+
+    mod = kernels.get()
+    qcfg = getattr(module, "qcfg", None)
+    if (mod is None or not hasattr(mod, "int8_linear_amx") or qcfg is None or qcfg.w_format != "int8"
+            or getattr(module, "int8_backend", None) != "amx" or getattr(module, "weight_vnni", None) is None
+            or module.bias is not None or qcfg.a_int8_rounding != "half_even" or module.weight_q.shape[0] % 64):
+        return None
+    k, qmax, buffers = module.in_features, int_qmax(qcfg.a_bits), module._buffers
+
+    def call(x):
+        if x.device.type != "cpu" or x.dtype not in _AMX_DTYPES or (torch.is_grad_enabled() and x.requires_grad):
+            return None
+        return mod.int8_linear_amx(x.reshape(-1, k).contiguous(), buffers["weight_vnni"], buffers["weight_scale"],
+                                   sizes, qmax, x.dtype)
+
+    return call
+
+
 def _project(mods: list[nn.Module]):
-    """x -> one output per module of ``mods``: the int8 executor's fused group in one call where ``mods`` are
-    all its members in order, else each module's ``forward``."""
+    """x [B, S, K] -> one output per module of ``mods`` ([B, S, N_i], or [B * S, N_i] from the int8 kernel): the
+    int8 executor's fused group in one call where ``mods`` are all its members in order, else each module's own."""
     from interq.quant.linear import FusedQuantSlice
 
     group = getattr(mods[0], "group", None)
     if (all(isinstance(m, FusedQuantSlice) and m.group is group for m in mods)
             and [m.index for m in mods] == list(range(len(group.sizes)))):
-        return group.forward
-    forwards = [m.forward for m in mods]
+        call = _int8_call(group, list(group.sizes))
+        if call is None:
+            return group.forward
+        forward = group.forward
+        return lambda x: call(x) or forward(x)
+    if len(mods) == 1:
+        call = _int8_call(mods[0], [mods[0].out_features]) if hasattr(mods[0], "out_features") else None
+        forward = mods[0].forward
+        if call is None:
+            return forward
+        return lambda x: (call(x) or [forward(x)])[0]
+    forwards = [_project([m]) for m in mods]
     return lambda x: tuple(f(x) for f in forwards)
+
+
+def _norm(norm: nn.Module):
+    """x -> the norm's output: the fused RMSNorm's kernel called directly where its forward would call it."""
+    from interq.quant import kernels
+    from interq.quant.rms_norm import FusedRMSNorm
+
+    forward = norm.forward
+    mod = kernels.get()
+    if type(norm) is not FusedRMSNorm or mod is None or norm.weight.dtype != torch.bfloat16:
+        return forward
+    params, eps, lanes = norm._parameters, float(norm.variance_epsilon), norm.lanes
+
+    def call(x):
+        weight = params["weight"]
+        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0
+                or weight.dtype != torch.bfloat16 or weight.device.type != "cpu"
+                or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+            return forward(x)
+        out, nan = mod.rms_norm_bf16(x, weight, eps, lanes)
+        return forward(x) if nan else out
+
+    return call
 
 
 def _rope(eager, q, k, cos, sin):
@@ -87,8 +147,8 @@ class _Plan:
         self.attn, self.mlp = attn, mlp
         self.qkv = _project([attn.q_proj, attn.k_proj, attn.v_proj])
         self.gate_up = _project([mlp.gate_proj, mlp.up_proj])
-        self.norm1, self.norm2 = layer.input_layernorm.forward, layer.post_attention_layernorm.forward
-        self.o_proj, self.down = attn.o_proj.forward, mlp.down_proj.forward
+        self.norm1, self.norm2 = _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm)
+        self.o_proj, self.down = _project([attn.o_proj]), _project([mlp.down_proj])
         self.act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
         self.rope_eager = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.mods = tuple(m for m in layer.modules() if m is not layer)
@@ -126,9 +186,9 @@ def _lean_forward(layer, hidden_states, attention_mask=None, position_ids=None, 
         k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
     attention = ALL_ATTENTION_FUNCTIONS[attn.config._attn_implementation]
     out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
-    hidden_states = hidden_states + plan.o_proj(out.reshape(b, s, -1).contiguous())
+    hidden_states = hidden_states + plan.o_proj(out.reshape(b, s, -1).contiguous()).view(b, s, -1)
     gate, up = plan.gate_up(plan.norm2(hidden_states))
-    return hidden_states + plan.down(plan.act(gate) * up)
+    return hidden_states + plan.down(plan.act(gate) * up).view(b, s, -1)
 
 
 def install(model: nn.Module) -> int:

@@ -38,6 +38,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 inline float load_f(float v) { return v; }
@@ -58,6 +62,40 @@ inline void store_f(float v, c10::BFloat16* out) {
   out->x = r;
 }
 inline void store_f(float v, c10::Half* out) { *out = c10::Half(v); }
+
+inline uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+// float -> bf16 -> float, rounded to nearest even as store_f, without its NaN branch (so that loops vectorize): for
+// non-NaN values only; the callers report NaNs and leave them to the eager ops
+inline float round_to_bf16(float f) {
+  const uint32_t u = float_bits(f);
+  return bits_float(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
+}
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// the same three steps on 16 floats: bf16 -> float, round_to_bf16, and the high halves stored as bf16
+inline __m512 load_bf16x16(const c10::BFloat16* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 round_to_bf16x16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd);
+  return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+inline void store_bf16x16(__m512 rounded, c10::BFloat16* p) {  // rounded: low halves zero (round_to_bf16x16)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rounded), 16)));
+}
+#endif
 
 // the amax of |row| as torch's amax gives it: NaN if any element is NaN (the scalar loop; float16 rows)
 template <typename T>
@@ -1019,24 +1057,26 @@ int64_t ceil_log2(int64_t x) {
   return 64 - __builtin_clzll(static_cast<uint64_t>(x - 1));
 }
 
-// acc[k][0..w) += data of the "row" i, element k: the rows are ilp = 4 consecutive groups of w floats
-// (w = lanes: vectors; w = 1: scalars); size rows; returns the four partial sums (each w wide) in p
-void multi_row_sum4(const float* x, int64_t w, int64_t size, float* p) {
+// acc[k][0..W) += data of the "row" i, element k: the rows are ilp = 4 consecutive groups of W floats
+// (W = lanes: vectors; W = 1: scalars); size rows; returns the four partial sums (each W wide) in p. W is a
+// template argument so that the lanes' additions compile to vector adds (the same IEEE additions, lane by lane).
+template <int W>
+void multi_row_sum4(const float* x, int64_t size, float* p) {
   constexpr int kLevels = 4, kRows = 4;
   const int64_t level_power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
   const int64_t level_step = int64_t(1) << level_power, level_mask = level_step - 1;
-  float acc[kLevels][kRows][16];
+  float acc[kLevels][kRows][W];
   for (int l = 0; l < kLevels; ++l)
     for (int k = 0; k < kRows; ++k)
-      for (int64_t e = 0; e < w; ++e) acc[l][k][e] = 0.f;
+      for (int e = 0; e < W; ++e) acc[l][k][e] = 0.f;
   int64_t i = 0;
   for (; i + level_step <= size;) {
     for (int64_t j = 0; j < level_step; ++j, ++i)
       for (int k = 0; k < kRows; ++k)
-        for (int64_t e = 0; e < w; ++e) acc[0][k][e] += x[(i * kRows + k) * w + e];
+        for (int e = 0; e < W; ++e) acc[0][k][e] += x[(i * kRows + k) * W + e];
     for (int l = 1; l < kLevels; ++l) {
       for (int k = 0; k < kRows; ++k)
-        for (int64_t e = 0; e < w; ++e) {
+        for (int e = 0; e < W; ++e) {
           acc[l][k][e] += acc[l - 1][k][e];
           acc[l - 1][k][e] = 0.f;
         }
@@ -1045,34 +1085,39 @@ void multi_row_sum4(const float* x, int64_t w, int64_t size, float* p) {
   }
   for (; i < size; ++i)
     for (int k = 0; k < kRows; ++k)
-      for (int64_t e = 0; e < w; ++e) acc[0][k][e] += x[(i * kRows + k) * w + e];
+      for (int e = 0; e < W; ++e) acc[0][k][e] += x[(i * kRows + k) * W + e];
   for (int l = 1; l < kLevels; ++l)
     for (int k = 0; k < kRows; ++k)
-      for (int64_t e = 0; e < w; ++e) acc[0][k][e] += acc[l][k][e];
+      for (int e = 0; e < W; ++e) acc[0][k][e] += acc[l][k][e];
   for (int k = 0; k < kRows; ++k)
-    for (int64_t e = 0; e < w; ++e) p[k * w + e] = acc[0][k][e];
+    for (int e = 0; e < W; ++e) p[k * W + e] = acc[0][k][e];
 }
 
-// torch's CPU sum of a contiguous float row of n elements, for its Vectorized<float> of `lanes` floats
-float torch_row_sum(const float* x, int64_t n, int64_t lanes) {
+template <int L>
+float torch_row_sum_lanes(const float* x, int64_t n) {
   float p[4 * 16];
-  if (n < lanes) {  // scalar_inner_sum: row_sum over scalars
+  if (n < L) {  // scalar_inner_sum: row_sum over scalars
     const int64_t size_ilp = n / 4;
-    multi_row_sum4(x, 1, size_ilp, p);
+    multi_row_sum4<1>(x, size_ilp, p);
     for (int64_t i = size_ilp * 4; i < n; ++i) p[0] += x[i];
     for (int k = 1; k < 4; ++k) p[0] += p[k];
     return p[0];
   }
-  const int64_t nv = n / lanes, size_ilp = nv / 4;  // vectorized_inner_sum: row_sum over vectors
-  multi_row_sum4(x, lanes, size_ilp, p);
+  const int64_t nv = n / L, size_ilp = nv / 4;  // vectorized_inner_sum: row_sum over vectors
+  multi_row_sum4<L>(x, size_ilp, p);
   for (int64_t i = size_ilp * 4; i < nv; ++i)
-    for (int64_t e = 0; e < lanes; ++e) p[e] += x[i * lanes + e];
+    for (int e = 0; e < L; ++e) p[e] += x[i * L + e];
   for (int k = 1; k < 4; ++k)
-    for (int64_t e = 0; e < lanes; ++e) p[e] += p[k * lanes + e];
+    for (int e = 0; e < L; ++e) p[e] += p[k * L + e];
   float total = 0.f;
-  for (int64_t i = nv * lanes; i < n; ++i) total += x[i];
-  for (int64_t e = 0; e < lanes; ++e) total += p[e];
+  for (int64_t i = nv * L; i < n; ++i) total += x[i];
+  for (int e = 0; e < L; ++e) total += p[e];
   return total;
+}
+
+// torch's CPU sum of a contiguous float row of n elements, for its Vectorized<float> of `lanes` floats
+float torch_row_sum(const float* x, int64_t n, int64_t lanes) {
+  return lanes == 16 ? torch_row_sum_lanes<16>(x, n) : torch_row_sum_lanes<8>(x, n);
 }
 
 void check_lanes(const char* fn, int64_t lanes) {
@@ -1118,20 +1163,45 @@ std::tuple<torch::Tensor, bool> rms_norm_bf16(torch::Tensor x, torch::Tensor w, 
     bool nan = false;
     for (int64_t r = r0; r < r1; ++r) {
       const c10::BFloat16* row = xp + r * n;
-      for (int64_t j = 0; j < n; ++j) {
+      int64_t j0 = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      for (; j0 + 16 <= n; j0 += 16) {
+        const __m512 hv = load_bf16x16(row + j0);
+        _mm512_storeu_ps(h.data() + j0, hv);
+        _mm512_storeu_ps(sq.data() + j0, _mm512_mul_ps(hv, hv));
+      }
+#endif
+      for (int64_t j = j0; j < n; ++j) {
         h[j] = load_f(row[j]);
         sq[j] = h[j] * h[j];
       }
       const float var = torch_row_sum(sq.data(), n, lanes) / n_f;
       const float inv = 1.f / std::sqrt(var + eps_f);
       c10::BFloat16* dst = op + r * n;
-      for (int64_t j = 0; j < n; ++j) {
-        c10::BFloat16 hb;
-        store_f(h[j] * inv, &hb);
-        const float v = load_f(wp[j]) * load_f(hb);
-        nan |= v != v;
-        store_f(v, dst + j);
+      // the stores without store_f's NaN branch, so that the loop vectorizes: a NaN anywhere is reported and the
+      // caller takes the eager ops (the rounding of every other value is store_f's)
+      bool row_nan = false;
+      int64_t j1 = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      {
+        const __m512 vinv = _mm512_set1_ps(inv);
+        __mmask16 nanm = 0;
+        for (; j1 + 16 <= n; j1 += 16) {
+          const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(h.data() + j1), vinv);
+          const __m512 v = _mm512_mul_ps(load_bf16x16(wp + j1), round_to_bf16x16(t));
+          nanm |= _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+          store_bf16x16(round_to_bf16x16(v), dst + j1);
+        }
+        row_nan = nanm != 0;
       }
+#endif
+      for (int64_t j = j1; j < n; ++j) {
+        const float t = h[j] * inv;
+        const float v = load_f(wp[j]) * round_to_bf16(t);
+        row_nan |= (t != t) | (v != v);
+        dst[j].x = static_cast<uint16_t>(float_bits(round_to_bf16(v)) >> 16);
+      }
+      nan |= row_nan;
     }
     if (nan) any_nan = true;
   });
@@ -2108,22 +2178,6 @@ std::tuple<torch::Tensor, bool> flash_decode_amx(torch::Tensor q, torch::Tensor 
 // the same shape; whether an output is NaN (torch's vectorized conversion writes other NaN bits than the scalar one:
 // the caller then takes the eager ops). Rows (b, s, n) over the threads.
 namespace {
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-// float -> bf16 -> float, round to nearest even (not for NaN: the caller checks for those)
-inline float round_bf16(float f) {
-  const uint32_t u = bits_of(f);
-  return float_of(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
-}
-
 bool rope_rows(const c10::BFloat16* x, const c10::BFloat16* cs, const c10::BFloat16* sn, int64_t b, int64_t s,
                int64_t n, int64_t d, bool cos_batched, c10::BFloat16* out) {
   const int64_t half = d / 2;
@@ -2146,12 +2200,12 @@ bool rope_rows(const c10::BFloat16* x, const c10::BFloat16* cs, const c10::BFloa
       for (int64_t j = 0; j < d; ++j) {
         const float v = load_f(xr[j]);
         const float rot = j < half ? -load_f(xr[j + half]) : load_f(xr[j - half]);
-        y[j] = round_bf16(round_bf16(v * c[j]) + round_bf16(rot * si[j]));
+        y[j] = round_to_bf16(round_to_bf16(v * c[j]) + round_to_bf16(rot * si[j]));
       }
       c10::BFloat16* o = out + r * d;
       for (int64_t j = 0; j < d; ++j) {
         any_nan |= (y[j] != y[j]);
-        o[j].x = uint16_t(bits_of(y[j]) >> 16);
+        o[j].x = uint16_t(float_bits(y[j]) >> 16);
       }
     }
     if (any_nan) nan.store(true);
