@@ -129,21 +129,30 @@ inline vu8 load_bits8(const c10::BFloat16* p) {
 }
 template <typename T>
 inline float row_amax_vec(const T* row, int64_t k) {
-  vf8 m = {};
+  vf8 m[4] = {};  // four running maxima side by side: each compare-and-select waits only for its own
   vi8 bad = {};
   int64_t j = 0;
+  for (; j + 32 <= k; j += 32) {
+    for (int a4 = 0; a4 < 4; ++a4) {
+      vu8 u = load_bits8(row + j + 8 * a4) & 0x7fffffffu;  // |x|
+      vf8 a;
+      std::memcpy(&a, &u, sizeof a);
+      bad |= (a != a);
+      m[a4] = a > m[a4] ? a : m[a4];
+    }
+  }
   for (; j + 8 <= k; j += 8) {
-    vu8 u = load_bits8(row + j) & 0x7fffffffu;  // |x|
+    vu8 u = load_bits8(row + j) & 0x7fffffffu;
     vf8 a;
     std::memcpy(&a, &u, sizeof a);
     bad |= (a != a);
-    m = a > m ? a : m;
+    m[0] = a > m[0] ? a : m[0];
   }
   float amax = 0.f;
   bool nan = false;
   for (int i = 0; i < 8; ++i) {
     nan |= bad[i] != 0;
-    amax = m[i] > amax ? m[i] : amax;
+    for (int a4 = 0; a4 < 4; ++a4) amax = m[a4][i] > amax ? m[a4][i] : amax;
   }
   for (; j < k; ++j) {
     float a = std::fabs(load_f(row[j]));
@@ -174,7 +183,24 @@ void quant_rows(const T* x, int64_t rows, int64_t k, int64_t ld, int qmax, int8_
     // amax.reciprocal().mul_(qmax).masked_fill_(amax == 0, 0): a true division, then a multiply
     float inv = amax == 0.f ? 0.f : (1.0f / amax) * float(qmax);
     int8_t* qr = q + m * ldq;
-    for (int64_t j = 0; j < k; ++j) qr[j] = to_code(load_f(row[j]) * inv, lo, hi, false);
+    int64_t j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {  // to_code, 16 at a time
+      const __m512 vinv = _mm512_set1_ps(inv), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+      for (; j + 16 <= k; j += 16) {
+        __m512 v;
+        if constexpr (std::is_same_v<T, float>) v = _mm512_loadu_ps(row + j);
+        else v = load_bf16x16(row + j);
+        v = _mm512_mul_ps(v, vinv);
+        v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, vlo, _CMP_LT_OQ), v, vlo);  // NaN stays NaN, as there
+        v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, vhi, _CMP_GT_OQ), v, vhi);
+        v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // nearbyint: half to even
+        // truncating conversions as the scalar casts (NaN -> 0x80000000 -> 0)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + j), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)));
+      }
+    }
+#endif
+    for (; j < k; ++j) qr[j] = to_code(load_f(row[j]) * inv, lo, hi, false);
     s[m] = amax / float(qmax);
   }
 }
