@@ -201,10 +201,12 @@ def test_other_layer_classes_are_left_alone():
     assert FL.install(model) == 0 and "forward" not in vars(model.model.layers[0])
 
 
-def test_lean_calls_equal_the_modules():
-    """The plan's direct kernel calls (int8 groups and linears, fused norms) against the modules' own forward."""
+@pytest.mark.parametrize("qcfg", [QuantConfig(), BF16_EXECUTOR], ids=["w8a8", "bf16"])
+def test_lean_calls_equal_the_modules(qcfg):
+    """The plan's direct kernel calls (int8 groups and linears, AMX-BF16 products, fused norms) against the modules'
+    own forward."""
     _kernels()
-    model = set_rollout_attention(make_executor(_tiny(intermediate=256), QuantConfig()), "sdpa_packed")
+    model = set_rollout_attention(make_executor(_tiny(intermediate=256), qcfg), "sdpa_packed")
     layer = model.model.layers[1]
     plan = FL._plan(layer)
     x = _rand(torch.Generator().manual_seed(2), (4, 3, 192), 2.0)

@@ -66,6 +66,33 @@ def _int8_call(module: nn.Module, sizes: list[int]):
     return call
 
 
+def _bf16_call(module: nn.Module):
+    """x [..., K] -> [[M, N]] (or None: the module's own forward is needed) by one call of the kernels' AMX-BF16
+    product, for a :class:`~interq.quant.packed_linear.PackedBf16Linear` whose forward would make that same call
+    (the product chosen for the row count, :func:`~interq.quant.packed_linear.product_choice`); None for other
+    modules."""
+    from interq.quant import kernels
+    from interq.quant.packed_linear import PACKED_MAX_M, PackedBf16Linear, product_choice
+
+    mod = kernels.get()
+    if type(module) is not PackedBf16Linear or mod is None or not hasattr(mod, "bf16_linear_amx"):
+        return None
+    k, n, params = module.in_features, module.out_features, module._parameters
+
+    def call(x):
+        m = x.numel() // k
+        weight, bias = params["weight"], module.bias
+        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not 0 < m <= PACKED_MAX_M or not x.is_contiguous()
+                or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+            return None
+        product, kb = product_choice(k, n, bias is not None, m)
+        if product != "amx":
+            return None
+        return [mod.bf16_linear_amx(x.view(m, k), module.amx_weight(), n, bias, kb)]
+
+    return call
+
+
 def _project(mods: list[nn.Module]):
     """x [B, S, K] -> one output per module of ``mods`` ([B, S, N_i], or [B * S, N_i] from the int8 kernel): the
     int8 executor's fused group in one call where ``mods`` are all its members in order, else each module's own."""
@@ -81,6 +108,7 @@ def _project(mods: list[nn.Module]):
         return lambda x: call(x) or forward(x)
     if len(mods) == 1:
         call = _int8_call(mods[0], [mods[0].out_features]) if hasattr(mods[0], "out_features") else None
+        call = call or _bf16_call(mods[0])
         forward = mods[0].forward
         if call is None:
             return forward
