@@ -77,16 +77,28 @@ def sdpa_packed_attention(module, query, key, value, attention_mask, dropout: fl
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     b, h, _, d = query.shape
+    out = flash_decode_rows(query, key, value, attention_mask, scaling, groups)
+    if out is not None:
+        return out.view(b, 1, h, value.shape[-1]), None
     hkv = h // groups
     q = query.reshape(b, hkv, groups, d)  # [B, H_kv, G, D]: the G query heads of a KV head as G rows
     mask = attention_mask  # None or [B|1, 1|H, 1, K]
     if mask is not None and mask.shape[1] != 1:
         mask = mask.reshape(mask.shape[0], hkv, groups, mask.shape[-1])  # per-head masks follow their heads
-    out = _flash_decode(q, key, value, mask, scaling)
-    if out is None:
-        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # [B, H_kv, G, Dv]
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # [B, H_kv, G, Dv]
     out = out.reshape(out.shape[0], h, 1, value.shape[-1]).transpose(1, 2).contiguous()  # [B, 1, H, Dv]
     return out, None
+
+
+def flash_decode_rows(query, key, value, attention_mask, scaling, groups: int):
+    """``sdpa_packed``'s decode of one query token per row by the one-call flash kernel, where it applies
+    (:func:`_flash_decode`; a mask shared by the heads): query [B, H, 1, D], key / value [B, H_kv, K, D] ->
+    [B, 1, H * Dv] (the layout of transformers' attention output), else None."""
+    if not _FLASH["enabled"] or (attention_mask is not None and attention_mask.shape[1] != 1):
+        return None
+    b, h, _, d = query.shape
+    out = _flash_decode(query.reshape(b, h // groups, groups, d), key, value, attention_mask, scaling)
+    return None if out is None else out.view(b, 1, h * value.shape[-1])  # [B, H_kv, G, Dv] in memory
 
 
 # torch's flash kernel in one call (interq's flash_decode_amx): per (G, D, thread count) whether it equals torch's
@@ -139,7 +151,8 @@ def _flash_decode(q, key, value, mask, scaling):
     ([B, H_kv, G, D]) by ``flash_decode_amx`` where it gives torch's bits (:func:`flash_decode_matches`), else None."""
     if not _FLASH["enabled"] or q.device.type != "cpu":
         return None
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, key, value, mask)):
+    if torch.is_grad_enabled() and (q.requires_grad or key.requires_grad or value.requires_grad
+                                    or (mask is not None and mask.requires_grad)):
         return None  # no gradient through the kernel: torch's call
     # torch's own call takes another path (math attention, or GEMMs without oneDNN) when these are turned off
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
@@ -157,11 +170,15 @@ def _flash_decode(q, key, value, mask, scaling):
         return None
     if not flash_decode_matches(q.shape[2], q.shape[3]):
         return None
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(q.shape[-1])  # torch's default, in double
+    out, exact = _kernels_module().flash_decode_amx(q, key, value, mask, float(scale))
+    return out if exact else None
+
+
+def _kernels_module():
     from interq.quant import kernels
 
-    scale = scaling if scaling is not None else 1.0 / math.sqrt(q.shape[-1])  # torch's default, in double
-    out, exact = kernels.get().flash_decode_amx(q, key, value, mask, float(scale))
-    return out if exact else None
+    return kernels.get()
 
 
 def _decode_kernel(query, key, value, attention_mask, groups: int, special: bool):

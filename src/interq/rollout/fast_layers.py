@@ -29,6 +29,8 @@ import weakref
 import torch
 from torch import nn
 
+from interq.rollout import attention as A
+
 LAYER_CLASSES = ("LlamaDecoderLayer",)  # whose forward (transformers 5) the lean forward reproduces
 _STATE = {"enabled": os.environ.get("INTERQ_FAST_LAYERS", "1").strip().lower() not in ("0", "off", "false", "no")}
 _KNOWN_KWARGS = frozenset({"position_ids", "use_cache", "cache_position"})  # what the layer passes on unchanged
@@ -212,9 +214,15 @@ def _lean_forward(layer, hidden_states, attention_mask=None, position_ids=None, 
     kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what LlamaAttention passes on
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
-    attention = ALL_ATTENTION_FUNCTIONS[attn.config._attn_implementation]
-    out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
-    hidden_states = hidden_states + plan.o_proj(out.reshape(b, s, -1).contiguous()).view(b, s, -1)
+    impl = attn.config._attn_implementation
+    out = None
+    if s == 1 and impl == A.NAME and attn.num_key_value_groups > 1:  # sdpa_packed's one-call decode, directly
+        out = A.flash_decode_rows(q, k, v, attention_mask, attn.scaling, attn.num_key_value_groups)
+    if out is None:
+        out, _ = ALL_ATTENTION_FUNCTIONS[impl](attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling,
+                                               **kwargs)
+        out = out.reshape(b, s, -1).contiguous()
+    hidden_states = hidden_states + plan.o_proj(out).view(b, s, -1)
     gate, up = plan.gate_up(plan.norm2(hidden_states))
     return hidden_states + plan.down(plan.act(gate) * up).view(b, s, -1)
 
