@@ -93,15 +93,16 @@ def _play(model, cache_factory=None):
 
 
 def _counting(monkeypatch):
-    """Counts the lean forward's calls that did not hand over to transformers' forward."""
+    """Counts the lean forward's runs (each runs the rotary embedding through ``_rope``; a call handed over to
+    transformers' forward does not)."""
     calls = {"lean": 0}
-    real = FL._plan
+    real = FL._rope
 
-    def plan(layer):
+    def rope(*args):
         calls["lean"] += 1
-        return real(layer)
+        return real(*args)
 
-    monkeypatch.setattr(FL, "_plan", plan)
+    monkeypatch.setattr(FL, "_rope", rope)
     return calls
 
 
@@ -157,16 +158,20 @@ def test_hooks_training_and_gradients_take_transformers_forward(monkeypatch):
     pos = model.model.rotary_emb(x, torch.arange(3)[None].expand(2, 3))
     ref = layer(x, position_embeddings=pos)
     calls = _counting(monkeypatch)
+    assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(ref)) and calls["lean"] == 1
     fired = []
     handle = layer.self_attn.register_forward_hook(lambda m, a, o: fired.append(1))
     try:
         out = layer(x, position_embeddings=pos)
     finally:
         handle.remove()
-    assert fired and calls["lean"] == 1 and torch.equal(_bits(out), _bits(ref))  # asked once, then handed over
+    assert fired and calls["lean"] == 1 and torch.equal(_bits(out), _bits(ref))  # handed over
     model.train()
     assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(ref))
     model.eval()
+    layer.self_attn.train()  # attention dropout would apply: transformers' forward
+    assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(ref)) and calls["lean"] == 1
+    layer.self_attn.eval()
     xg = x.clone().requires_grad_(True)
     out = layer(xg, position_embeddings=pos)
     assert out.requires_grad and torch.equal(_bits(out.detach()), _bits(ref))
@@ -174,7 +179,7 @@ def test_hooks_training_and_gradients_take_transformers_forward(monkeypatch):
     assert xg.grad is not None
     lean_before = calls["lean"]
     assert torch.equal(_bits(layer(x, position_embeddings=pos, output_attentions=True)), _bits(ref))  # unknown kwarg
-    assert calls["lean"] == lean_before + 1
+    assert calls["lean"] == lean_before
 
 
 def test_a_deep_copy_runs_its_own_modules():
@@ -221,3 +226,92 @@ def test_lean_calls_equal_the_modules(qcfg):
         assert torch.equal(_bits(plan.o_proj(x).view(4, 3, -1)), _bits(attn.o_proj(x)))
         assert torch.equal(_bits(plan.norm1(x)), _bits(layer.input_layernorm(x)))
     assert plan.o_proj is not attn.o_proj.forward and plan.norm1 is not layer.input_layernorm.forward  # direct calls
+
+
+def _engine_same(model, monkeypatch, factory=None):
+    calls = _counting(monkeypatch)
+    try:
+        lean = _play(model, factory)
+        assert calls["lean"] > 0
+        FL.use_fast_layers(False)
+        eager = _play(model, factory)
+    finally:
+        FL.use_fast_layers(True)
+    for a, b in zip(lean, eager):
+        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+
+
+@pytest.mark.parametrize("variant", ["eager_attention", "biases", "no_groups", "fp32"])
+def test_other_llama_configurations_are_the_same(variant, monkeypatch):
+    """transformers' eager attention (rollout.attention=sdpa keeps it), q/k/v/o and MLP biases, as many KV heads as
+    query heads, an fp32 executor: the engine's episodes with and without the lean forward."""
+    torch.manual_seed(0)
+    kw = dict(vocab_size=96, hidden_size=192, intermediate_size=256, num_hidden_layers=2, num_attention_heads=6,
+              num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, attn_implementation="sdpa")
+    if variant == "eager_attention":
+        kw["attn_implementation"] = "eager"
+    elif variant == "biases":
+        kw.update(attention_bias=True, mlp_bias=True)
+    elif variant == "no_groups":
+        kw["num_key_value_heads"] = 6
+    model = LlamaForCausalLM(LlamaConfig(**kw)).eval().requires_grad_(False)
+    if variant != "fp32":
+        model = make_executor(model.bfloat16(), BF16_EXECUTOR)
+    model = set_rollout_attention(model, "sdpa" if variant == "eager_attention" else "sdpa_packed")
+    _engine_same(model, monkeypatch)
+
+
+def test_the_deprecated_cache_name_reaches_transformers_forward():
+    """A layer called with ``past_key_values=`` (transformers renames it): handed over as given, the cache written."""
+    model = set_rollout_attention(_tiny(), "sdpa_packed")
+    layer = model.model.layers[0]
+    x = torch.randn(2, 3, 192, generator=torch.Generator().manual_seed(0)).bfloat16()
+    pos = model.model.rotary_emb(x, torch.arange(3)[None].expand(2, 3))
+    caches = [DynamicCache(config=model.config) for _ in range(2)]
+    out_new = layer(x, position_embeddings=pos, cache=caches[0], use_cache=True)
+    with pytest.warns(Warning):
+        out_old = layer(x, position_embeddings=pos, past_key_values=caches[1], use_cache=True)
+    assert torch.equal(_bits(out_new), _bits(out_old))
+    assert torch.equal(_bits(caches[0].layers[0].keys), _bits(caches[1].layers[0].keys))
+
+
+def test_turning_the_kernels_off_after_the_first_call_is_followed(monkeypatch):
+    """The plan is gathered again when the kernels are turned off (and its calls are the modules' own then)."""
+    _kernels()
+    model = set_rollout_attention(make_executor(_tiny(), QuantConfig()), "sdpa_packed")
+    factory = lambda c: make_kv_cache(QuantConfig(), c)  # noqa: E731
+    before = _play(model, factory)
+    kernels.set_enabled(False)
+    try:
+        assert FL._plan(model.model.layers[0]).kernels is None
+        off = _play(model, factory)
+    finally:
+        kernels.set_enabled(True)
+    for a, b in zip(before, off):
+        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+
+
+def test_a_replaced_submodule_is_called():
+    """Replacing a projection after the first call: the next call uses the new module."""
+    model = set_rollout_attention(make_executor(_tiny(), BF16_EXECUTOR), "sdpa_packed")
+    ids = torch.randint(4, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    before = model(input_ids=ids).logits
+    attn = model.model.layers[0].self_attn
+    new = torch.nn.Linear(attn.o_proj.in_features, attn.o_proj.out_features, bias=False).bfloat16().requires_grad_(False)
+    with torch.no_grad():
+        new.weight.copy_(attn.o_proj.weight * 3)
+    attn.o_proj = new
+    after = model(input_ids=ids).logits
+    FL.use_fast_layers(False)
+    try:
+        eager = model(input_ids=ids).logits
+    finally:
+        FL.use_fast_layers(True)
+    assert not torch.equal(after, before) and torch.equal(_bits(after), _bits(eager))
+
+
+def test_a_patched_layer_class_is_left_alone(monkeypatch):
+    """A layer class whose forward was patched at the class (another library's kernels) gets no lean forward."""
+    monkeypatch.setattr(ML.LlamaMLP, "forward", lambda self, x: self.down_proj(x))
+    model = _tiny()
+    assert FL.install(model) == 0

@@ -45,6 +45,11 @@ def test_activation_quantizer_equals_the_primitive(mod, dtype, bits):
     q, s = mod.quant_act_int8(wide, 127)
     q0, s0 = P.quant_act_int8_token(wide, "half_even", 8)
     assert torch.equal(q, q0) and torch.equal(s, s0)
+    odd = _awkward((5, 100), dtype, seed=7)  # 32-wide, 8-wide and scalar parts of a row; NaN and inf rows
+    odd[2, 5], odd[3, 70], odd[4, 99] = float("nan"), float("inf"), float("-inf")
+    q, s = mod.quant_act_int8(odd, 127)
+    q0, s0 = P.quant_act_int8_token(odd, "half_even", 8)
+    assert torch.equal(q, q0) and torch.equal(s.nan_to_num(-1.0), s0.nan_to_num(-1.0))
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -263,14 +263,14 @@ def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Mo
         raise ValueError(f"rollout.attention must be one of {list(ATTENTION_CHOICES)}, got {attention!r}")
     from interq.rollout import fast_layers
 
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if attention != "sdpa" and current not in ("sdpa", NAME, KERNEL_NAME):
+        raise ValueError(f"rollout.attention={attention} needs a model with transformers' sdpa attention; "
+                         f"{type(model).__name__} uses {current!r}")
     fast_layers.install(model)  # the lean decoder-layer forward (the same values; interq.rollout.fast_layers)
     if attention == "sdpa":
         return model
-    config = getattr(model, "config", None)
-    current = getattr(config, "_attn_implementation", None)
-    if current not in ("sdpa", NAME, KERNEL_NAME):
-        raise ValueError(f"rollout.attention={attention} needs a model with transformers' sdpa attention; "
-                         f"{type(model).__name__} uses {current!r}")
     _register()
     param = next(model.parameters(), None)
     if param is None or param.device.type == "cpu":

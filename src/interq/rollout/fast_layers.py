@@ -33,7 +33,7 @@ from interq.rollout import attention as A
 
 LAYER_CLASSES = ("LlamaDecoderLayer",)  # whose forward (transformers 5) the lean forward reproduces
 _STATE = {"enabled": os.environ.get("INTERQ_FAST_LAYERS", "1").strip().lower() not in ("0", "off", "false", "no")}
-_KNOWN_KWARGS = frozenset({"position_ids", "use_cache", "cache_position"})  # what the layer passes on unchanged
+_KNOWN_KWARGS = frozenset({"cache_position"})  # other arguments the layer may take and passes on unchanged
 
 
 def use_fast_layers(enabled: bool) -> None:
@@ -151,7 +151,8 @@ def _rope(eager, q, k, cos, sin):
     if (mod is not None and hasattr(mod, "rope_bf16") and q.device.type == "cpu"
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) and q.dtype == k.dtype == cos.dtype
             == sin.dtype == torch.bfloat16 and cos.dim() == 3 and cos.shape == sin.shape and cos.is_contiguous()
-            and sin.is_contiguous() and cos.shape[0] in (1, q.shape[0])):
+            and sin.is_contiguous() and cos.shape[0] in (1, q.shape[0]) and cos.shape[1:] == (q.shape[1], q.shape[3])
+            and q.shape[3] % 2 == 0 and q.is_contiguous() and k.is_contiguous()):
         qo, ko, nan = mod.rope_bf16(q, k, cos, sin)
         if not nan:
             if q.shape[1] == 1:  # one token: torch's result is contiguous [B, H, 1, D] (the same memory)
@@ -168,19 +169,40 @@ def _hooked(mods: tuple[nn.Module, ...]) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in mods)
 
 
+_PARTS = (("input_layernorm",), ("post_attention_layernorm",), ("self_attn", "q_proj"), ("self_attn", "k_proj"),
+          ("self_attn", "v_proj"), ("self_attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"),
+          ("mlp", "down_proj"), ("mlp", "act_fn"))
+
+
+def _parts(layer: nn.Module) -> tuple:
+    """The submodules the lean forward calls, read from the modules' own registries (cheap enough for every call)."""
+    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
+    owner = {"self_attn": attn, "mlp": mlp}
+    return (attn, mlp, *((owner[p[0]] if len(p) == 2 else layer)._modules.get(p[-1]) for p in _PARTS))
+
+
 class _Plan:
     """What the lean forward of one layer calls, gathered once (kept apart from the layer, so that a deep copy of
-    the model does not carry callables bound to this layer's modules: the copy gathers its own)."""
+    the model does not carry callables bound to this layer's modules: the copy gathers its own). Gathered again
+    when any of those modules is replaced or the kernels are turned on or off (:func:`_plan`)."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: nn.Module, parts: tuple, kernels_module):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        self.parts, self.kernels = parts, kernels_module
         attn, mlp = layer.self_attn, layer.mlp
-        self.attn, self.mlp = attn, mlp
+        self.attn = attn
         self.qkv = _project([attn.q_proj, attn.k_proj, attn.v_proj])
         self.gate_up = _project([mlp.gate_proj, mlp.up_proj])
         self.norm1, self.norm2 = _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm)
         self.o_proj, self.down = _project([attn.o_proj]), _project([mlp.down_proj])
         self.act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
-        self.rope_eager = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        modeling = sys.modules[type(attn).__module__]
+        self.rope_eager = modeling.apply_rotary_pos_emb
+        # interq's rope kernel only in place of transformers' own function (not of a patched one)
+        self.rope_kernel = _is_transformers(self.rope_eager, modeling, "apply_rotary_pos_emb")
+        self.eager_attention = modeling.eager_attention_forward
+        self.attention_functions = ALL_ATTENTION_FUNCTIONS
         self.mods = tuple(m for m in layer.modules() if m is not layer)
 
 
@@ -188,54 +210,93 @@ _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _plan(layer: nn.Module) -> _Plan:
+    from interq.quant import kernels
+
     plan = _PLANS.get(layer)
-    if plan is None or plan.attn is not layer.self_attn or plan.mlp is not layer.mlp:
-        plan = _PLANS[layer] = _Plan(layer)
+    parts, mod = _parts(layer), kernels.get()
+    if (plan is None or plan.kernels is not mod or len(parts) != len(plan.parts)
+            or any(a is not b for a, b in zip(parts, plan.parts))):
+        plan = _PLANS[layer] = _Plan(layer, parts, mod)
     return plan
 
 
-def _lean_forward(layer, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
-                  position_embeddings=None, **kwargs):
-    """A ``LlamaDecoderLayer``'s forward with fewer calls (see the module docstring); bound to the layer by
-    :func:`install`."""
-    plan = _plan(layer)
-    if (not _STATE["enabled"] or layer.training or position_embeddings is None or not _KNOWN_KWARGS.issuperset(kwargs)
-            or (torch.is_grad_enabled() and hidden_states.requires_grad) or _hooked(plan.mods)):
-        return type(layer).forward(layer, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                                   cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+_LAYER_ARGS = ("attention_mask", "position_ids", "cache", "use_cache", "position_embeddings")
 
+
+def _lean_forward(layer, *args, **kwargs):
+    """A ``LlamaDecoderLayer``'s forward with fewer calls (see the module docstring); bound to the layer by
+    :func:`install`. Takes transformers' forward, with the arguments as given, wherever it could differ."""
+    plan = _plan(layer)
+    hidden_states = args[0] if len(args) == 1 else None
+    position_embeddings = kwargs.get("position_embeddings")
+    if (not _STATE["enabled"] or hidden_states is None or position_embeddings is None
+            or not _KNOWN_KWARGS.issuperset(k for k in kwargs if k not in _LAYER_ARGS)
+            or layer.training or plan.attn.training or (torch.is_grad_enabled() and hidden_states.requires_grad)
+            or _hooked(plan.mods)):
+        return type(layer).forward(layer, *args, **kwargs)
+    attention_mask, cache = kwargs.get("attention_mask"), kwargs.get("cache")
     attn = plan.attn
     b, s = hidden_states.shape[:2]
     d = attn.head_dim
     q, k, v = plan.qkv(plan.norm1(hidden_states))  # [B, S, H * D], [B, S, Hkv * D] x 2
-    q, k = _rope(plan.rope_eager, q.view(b, s, -1, d), k.view(b, s, -1, d), *position_embeddings)
+    q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
+    if plan.rope_kernel:
+        q, k = _rope(plan.rope_eager, q, k, *position_embeddings)
+    else:
+        q, k = plan.rope_eager(q.transpose(1, 2), k.transpose(1, 2), *position_embeddings)
     v = v.view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
-    kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what LlamaAttention passes on
+    # what LlamaAttention passes on to the cache and the attention function: the layer's arguments but these
+    passed = {"position_ids": kwargs.get("position_ids"), "use_cache": kwargs.get("use_cache", False),
+              **{k_: v_ for k_, v_ in kwargs.items() if k_ not in _LAYER_ARGS}}
     if cache is not None:
-        k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+        k, v = cache.update(k, v, attn.layer_idx, kwargs=passed)
     impl = attn.config._attn_implementation
     out = None
     if s == 1 and impl == A.NAME and attn.num_key_value_groups > 1:  # sdpa_packed's one-call decode, directly
         out = A.flash_decode_rows(q, k, v, attention_mask, attn.scaling, attn.num_key_value_groups)
     if out is None:
-        out, _ = ALL_ATTENTION_FUNCTIONS[impl](attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling,
-                                               **kwargs)
+        attention = plan.attention_functions.get_interface(impl, plan.eager_attention)
+        out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **passed)
         out = out.reshape(b, s, -1).contiguous()
     hidden_states = hidden_states + plan.o_proj(out).view(b, s, -1)
     gate, up = plan.gate_up(plan.norm2(hidden_states))
     return hidden_states + plan.down(plan.act(gate) * up).view(b, s, -1)
 
 
+def _is_transformers(fn, modeling, name: str) -> bool:
+    """Whether ``fn`` is transformers' own ``name`` of the modeling module (not a replacement patched in)."""
+    return getattr(fn, "__module__", None) == modeling.__name__ and getattr(fn, "__qualname__", None) == name
+
+
+def _reproducible(layer: nn.Module) -> bool:
+    """Whether the lean forward reproduces this layer's: transformers' own Llama layer, attention and MLP forwards
+    (not patched at the class), taking the cache as ``cache`` (transformers 5)."""
+    import inspect
+
+    modeling = sys.modules[type(layer).__module__]
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None or getattr(attn, "config", None) is None:
+        return False
+    own = (type(layer).forward, "LlamaDecoderLayer.forward"), (type(attn).forward, "LlamaAttention.forward"), \
+        (type(mlp).forward, "LlamaMLP.forward")
+    if not all(_is_transformers(fn, modeling, name) for fn, name in own):
+        return False
+    try:
+        return "cache" in inspect.signature(type(layer).forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def install(model: nn.Module) -> int:
-    """Give every decoder layer of :data:`LAYER_CLASSES` in ``model`` the lean forward (call it again after
-    replacing a layer's linears or norms); -> how many layers have it."""
+    """Give every decoder layer of :data:`LAYER_CLASSES` in ``model`` whose forward it reproduces the lean forward
+    (transformers' own classes, unpatched); -> how many layers have it. A layer whose submodules are replaced later
+    gathers them again at its next call. The instance ``forward`` does not survive pickling (``torch.save`` of the
+    whole module): save a state dict."""
     n = 0
     for layer in model.modules():
         if type(layer).__name__ not in LAYER_CLASSES:
             continue
-        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if attn is None or mlp is None or getattr(attn, "config", None) is None:
+        if not _reproducible(layer):
             continue
         layer.forward = types.MethodType(_lean_forward, layer)  # a deep copy of the model binds it to the copy
         _PLANS.pop(layer, None)  # gathered again at the next call (the modules may have been replaced)
