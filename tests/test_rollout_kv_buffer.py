@@ -171,3 +171,75 @@ def test_engine_rollouts_equal_those_of_transformers_cache():
         out[name] = sorted(done, key=lambda tr: tr.episode)
     for a, b in zip(out["ours"], out["hf"]):
         assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+
+
+def _kv_kernel():
+    from interq.quant import kernels
+
+    mod = kernels.load()
+    if mod is None or not hasattr(mod, "kv_append"):
+        pytest.skip("needs interq's CPU kernels")
+    return mod
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("quantized", [False, True])
+def test_one_call_append_equals_the_eager_appends(dtype, quantized, monkeypatch):
+    """``append_pair`` (interq's ``kv_append``: both tensors, copied or fake-quantized, into the spare columns) gives
+    the keys and values of the eager path (``append_columns``, after ``_roundtrip`` for the 8-bit cache), through
+    prefills, decode steps, strided values and buffer growth; it is used for the in-place steps."""
+    _kv_kernel()
+    g = torch.Generator().manual_seed(1)
+    steps = [torch.randn(3, 2, n, 32, generator=g) * 4 for n in (6, 1, 1, 4, 1, 80, 1, 1)]
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=32)
+    make = (lambda: make_kv_cache(QuantConfig(), cfg)) if quantized else (lambda: growing_dynamic_cache(cfg))
+
+    def run(kernel: bool):
+        if not kernel:
+            monkeypatch.setattr(KB, "append_pair", lambda *a, **k: None)
+            monkeypatch.setattr(KV, "append_pair", lambda *a, **k: None)
+        cache, outs = make(), []
+        for x in steps:
+            k = x.to(dtype)
+            v = (x * -0.5).to(dtype).transpose(1, 2).contiguous().transpose(1, 2)  # strided, as the model's values
+            outs.append([t.clone() for t in cache.update(k, v, 0)])
+        monkeypatch.undo()
+        return outs
+
+    calls = {"n": 0}
+    real = KB.append_pair
+
+    def counted(*a, **k):
+        out = real(*a, **k)
+        calls["n"] += out is not None
+        return out
+
+    monkeypatch.setattr(KB, "append_pair", counted)
+    monkeypatch.setattr(KV, "append_pair", counted)
+    with_kernel = run(True)
+    assert calls["n"] >= 4  # the decode steps into spare columns
+    eager = run(False)
+    for a, b in zip(with_kernel, eager):
+        for x, y in zip(a, b):
+            assert x.shape == y.shape and torch.equal(x.view(torch.int8), y.view(torch.int8))
+
+
+def test_one_call_append_declines_what_it_cannot_do_in_place():
+    """A buffer without room, a foreign current view, an inference buffer outside inference mode, gradients, another
+    dtype: the kernel writes nothing and returns no views."""
+    mod = _kv_kernel()
+    buf = torch.zeros(1, 2, 8, 16)
+    cur, new = buf.narrow(2, 0, 5), torch.ones(1, 2, 1, 16)
+    assert len(mod.kv_append([buf, buf.clone()], [cur, cur], [new, new], False, 127, False, 0.0)) == 0  # foreign view
+    assert len(mod.kv_append([buf], [cur], [torch.ones(1, 2, 4, 16)], False, 127, False, 0.0)) == 0  # no room
+    assert len(mod.kv_append([buf], [cur], [new.double()], False, 127, False, 0.0)) == 0
+    assert len(mod.kv_append([buf], [cur], [new.requires_grad_(True)], False, 127, False, 0.0)) == 0
+    with torch.inference_mode():
+        ibuf = torch.zeros(1, 2, 8, 16)
+    assert len(mod.kv_append([ibuf], [ibuf.narrow(2, 0, 5)], [torch.ones(1, 2, 1, 16)], False, 127, False, 0.0)) == 0
+    assert torch.equal(buf, torch.zeros(1, 2, 8, 16))
+    views = mod.kv_append([buf], [cur], [torch.ones(1, 2, 3, 16)], False, 127, False, 0.0)
+    assert views[0].shape == (1, 2, 8, 16) and views[0].data_ptr() == buf.data_ptr() and buf[:, :, 5:].eq(1).all()

@@ -47,6 +47,10 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   words at a time) instead of one libtorch call per number, rows in parallel
 - ``race_argmax(probs, race)`` = ``probs.div(race).argmax(-1)`` (the sampler's last step, its NaN and tie rules) in
   one pass without the quotient tensor
+- ``kv_append(bufs, curs, news, fake_quant, qmax, trunc, min_scale)``: a decode step's KV cache write into the
+  buffers' spare columns in one call (``append_columns``' copy, or ``fake_quant_kv_int8``'s values for the 8-bit cache
+  that keeps only dequantized values) -> the prefix views; empty where a pair is not the in-place case
+  (:mod:`interq.rollout.kv_buffer`)
 - ``rope_bf16(q, k, cos, sin)`` = transformers' ``apply_rotary_pos_emb`` of bf16 query and key heads ([B, S, N, D],
   contiguous) with its eager ops' roundings (both products and their sum rounded to bf16), and whether an output is
   NaN (then the caller takes the eager ops: torch's vectorized NaN bits differ): the rollout's fast decoder layer
@@ -176,7 +180,7 @@ def _build(openmp: bool, verbose: bool):
                                         "torch_row_sums", "rms_norm_bf16",
                                         "decode_attention",
                                         "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
-                                        "uniform_f64_rows", "race_argmax", "rope_bf16"],
+                                        "uniform_f64_rows", "race_argmax", "rope_bf16", "kv_append"],
                              extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
                              build_directory=str(build_dir), verbose=verbose)
 

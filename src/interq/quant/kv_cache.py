@@ -33,7 +33,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from interq.quant import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig, int_qmax
-from interq.rollout.kv_buffer import append_columns, growing_dynamic_cache
+from interq.rollout.kv_buffer import append_columns, append_pair, growing_dynamic_cache
 
 
 def _dequant(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -128,6 +128,14 @@ class QuantKVLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         put = self._append
         if not self.codes:  # only the dequantized values are kept
+            qcfg = self.qcfg
+            if qcfg.kv_format == "int8_per_token_head" and key_states.dtype == value_states.dtype:
+                # a decode step into spare columns: _roundtrip's kernel and both appends in one call (same values)
+                pair = append_pair(self.buffers, self.keys, self.values, key_states.detach(), value_states.detach(),
+                                   (int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round", P.KV_MIN_SCALE))
+                if pair is not None:
+                    self.keys, self.values = pair
+                    return pair
             self.keys = put("keys", self._roundtrip(key_states, self.qcfg))  # [B, H, T, D]
             self.values = put("values", self._roundtrip(value_states, self.qcfg))
             return self.keys, self.values

@@ -17,6 +17,7 @@
 //   bf16_linear_amx: F.linear of bf16 by AMX-BF16 tiles, oneDNN's sums where the caller's probe says so
 //   rms_norm_bf16:  transformers' Llama / Qwen RMSNorm of bf16 rows with torch's summation order (interq.quant.rms_norm)
 //   flash_decode_amx: torch's CPU flash attention of bf16 decode rows (oneDNN's AMX-BF16 sums), in one call
+//   kv_append:      a decode step's KV cache write (copied or fake-quantized rows) into the buffers' spare columns
 //   rope_bf16:      transformers' Llama rotary embedding of bf16 query and key rows, its eager ops' roundings
 //   uniform_f64_rows / race_argmax: the sampler's uniforms (Tensor.uniform_'s) and its (probs / race).argmax
 //   decode_attention: NOT an eager chain's bits: one-token GQA attention in fp32 for rollout.attention=packed_kernel
@@ -453,6 +454,77 @@ std::vector<torch::Tensor> fake_quant_kv_int8(torch::Tensor t, int64_t qmax, boo
     default: TORCH_CHECK(false, "fake_quant_kv_int8: dtype must be float32, bfloat16 or float16, got ", t.scalar_type());
   }
   return {out, s};
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// kv_append: a decode step's KV cache write (interq.rollout.kv_buffer, interq.quant.kv_cache) in one call. For each
+// pair i, new[i] [B, H, n, D] is written after the cur[i].size(-2) columns already in buf[i] [B, H, C, D] (cur[i] a
+// prefix view of buf[i]: append_columns' in-place case), as it is (fake_quant = false: the copy of append_columns)
+// or fake-quantized row by row (fake_quant_kv_int8's values: the 8-bit cache that keeps only dequantized values);
+// -> the prefix views [B, H, T + n, D], or nothing when any pair is not the in-place case (the caller then takes the
+// eager path, which may grow the buffer).
+namespace {
+bool kv_in_place(const torch::Tensor& buf, const torch::Tensor& cur, const torch::Tensor& nw) {
+  if (!buf.defined() || !cur.defined() || !nw.defined() || buf.dim() != 4 || cur.dim() != 4 || nw.dim() != 4)
+    return false;
+  if (!buf.device().is_cpu() || !nw.device().is_cpu() || !buf.is_contiguous() || nw.stride(3) != 1) return false;
+  const auto dt = buf.scalar_type();
+  if (nw.scalar_type() != dt || cur.scalar_type() != dt) return false;
+  if (dt != torch::kFloat32 && dt != torch::kBFloat16 && dt != torch::kHalf) return false;
+  if (buf.requires_grad() || cur.requires_grad() || nw.requires_grad()) return false;
+  if (!c10::InferenceMode::is_enabled() && buf.is_inference()) return false;  // an inference buffer, written outside
+  if (cur.numel() == 0 || cur.data_ptr() != buf.data_ptr() || cur.strides() != buf.strides()) return false;
+  for (int d : {0, 1, 3})
+    if (cur.size(d) != buf.size(d) || nw.size(d) != buf.size(d)) return false;
+  return cur.size(2) + nw.size(2) <= buf.size(2);
+}
+
+template <typename T>
+void kv_write(const torch::Tensor& buf, int64_t length, const torch::Tensor& nw, bool fake_quant, int qmax, bool trunc,
+              float min_scale) {
+  const int64_t b = nw.size(0), h = nw.size(1), n = nw.size(2), d = nw.size(3), cap = buf.size(2);
+  const T* src = nw.data_ptr<T>();
+  T* dst = buf.data_ptr<T>();
+  const int64_t sb = nw.stride(0), sh = nw.stride(1), sn = nw.stride(2);
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < h; ++j)
+      for (int64_t t = 0; t < n; ++t) {
+        const T* row = src + i * sb + j * sh + t * sn;
+        T* out = dst + ((i * h + j) * cap + length + t) * d;
+        if (fake_quant) {
+          float scale;
+          fake_quant_kv_rows(row, 1, d, qmax, trunc, min_scale, out, &scale);
+        } else {
+          std::memcpy(out, row, d * sizeof(T));
+        }
+      }
+}
+}  // namespace
+
+std::vector<torch::Tensor> kv_append(std::vector<torch::Tensor> bufs, std::vector<torch::Tensor> curs,
+                                     std::vector<torch::Tensor> news, bool fake_quant, int64_t qmax, bool trunc,
+                                     double min_scale) {
+  TORCH_CHECK(bufs.size() == curs.size() && curs.size() == news.size(), "kv_append: one buffer, view and tensor per pair");
+  for (size_t i = 0; i < bufs.size(); ++i)
+    if (!kv_in_place(bufs[i], curs[i], news[i])) return {};
+  std::vector<torch::Tensor> views;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    const int64_t length = curs[i].size(2);
+    switch (bufs[i].scalar_type()) {
+      case torch::kFloat32:
+        kv_write<float>(bufs[i], length, news[i], fake_quant, int(qmax), trunc, float(min_scale));
+        break;
+      case torch::kBFloat16:
+        kv_write<c10::BFloat16>(bufs[i], length, news[i], fake_quant, int(qmax), trunc, float(min_scale));
+        break;
+      case torch::kHalf:
+        kv_write<c10::Half>(bufs[i], length, news[i], fake_quant, int(qmax), trunc, float(min_scale));
+        break;
+      default: TORCH_CHECK(false, "kv_append: unreachable dtype");  // kv_in_place takes these three only
+    }
+    views.push_back(bufs[i].narrow(2, 0, length + news[i].size(2)));
+  }
+  return views;
 }
 
 // ------------------------------------------------------------------------------------------------------------------
