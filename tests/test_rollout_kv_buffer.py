@@ -241,5 +241,7 @@ def test_one_call_append_declines_what_it_cannot_do_in_place():
         ibuf = torch.zeros(1, 2, 8, 16)
     assert len(mod.kv_append([ibuf], [ibuf.narrow(2, 0, 5)], [torch.ones(1, 2, 1, 16)], False, 127, False, 0.0)) == 0
     assert torch.equal(buf, torch.zeros(1, 2, 8, 16))
+    version = buf._version
     views = mod.kv_append([buf], [cur], [torch.ones(1, 2, 3, 16)], False, 127, False, 0.0)
     assert views[0].shape == (1, 2, 8, 16) and views[0].data_ptr() == buf.data_ptr() and buf[:, :, 5:].eq(1).all()
+    assert buf._version > version  # an in-place write, as copy_'s: autograd's saved views see it

@@ -486,18 +486,20 @@ void kv_write(const torch::Tensor& buf, int64_t length, const torch::Tensor& nw,
   const T* src = nw.data_ptr<T>();
   T* dst = buf.data_ptr<T>();
   const int64_t sb = nw.stride(0), sh = nw.stride(1), sn = nw.stride(2);
-  for (int64_t i = 0; i < b; ++i)
-    for (int64_t j = 0; j < h; ++j)
-      for (int64_t t = 0; t < n; ++t) {
-        const T* row = src + i * sb + j * sh + t * sn;
-        T* out = dst + ((i * h + j) * cap + length + t) * d;
-        if (fake_quant) {
-          float scale;
-          fake_quant_kv_rows(row, 1, d, qmax, trunc, min_scale, out, &scale);
-        } else {
-          std::memcpy(out, row, d * sizeof(T));
-        }
+  at::parallel_for(0, b * h * n, 64, [&](int64_t r0, int64_t r1) {  // rows (i, j, t) over the threads
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r / (h * n), j = (r / n) % h, t = r % n;
+      const T* row = src + i * sb + j * sh + t * sn;
+      T* out = dst + ((i * h + j) * cap + length + t) * d;
+      if (fake_quant) {
+        float scale;
+        fake_quant_kv_rows(row, 1, d, qmax, trunc, min_scale, out, &scale);
+      } else {
+        std::memcpy(out, row, d * sizeof(T));
       }
+    }
+  });
+  buf.unsafeGetTensorImpl()->bump_version();  // an in-place write, as copy_'s (autograd's saved views see it)
 }
 }  // namespace
 
