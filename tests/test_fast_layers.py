@@ -106,6 +106,24 @@ def _counting(monkeypatch):
     return calls
 
 
+def _assert_same_episodes(a_list, b_list):
+    for a, b in zip(a_list, b_list):
+        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+
+
+def _engine_same(model, monkeypatch, factory=None):
+    """The engine's episodes with the lean forward (which must have run) and with transformers' forward."""
+    calls = _counting(monkeypatch)
+    try:
+        lean = _play(model, factory)
+        assert calls["lean"] > 0
+        FL.use_fast_layers(False)
+        eager = _play(model, factory)
+    finally:
+        FL.use_fast_layers(True)
+    _assert_same_episodes(lean, eager)
+
+
 @pytest.mark.parametrize("executor", ["bf16", "w8a8-kv8", "w8a8"])
 @pytest.mark.parametrize("attention", ["sdpa_packed", "sdpa"])
 def test_engine_episodes_are_the_same_with_and_without_it(executor, attention, monkeypatch):
@@ -115,17 +133,7 @@ def test_engine_episodes_are_the_same_with_and_without_it(executor, attention, m
     qcfg = {"bf16": BF16_EXECUTOR, "w8a8-kv8": QuantConfig(), "w8a8": QuantConfig(kv_format="none")}[executor]
     model = set_rollout_attention(make_executor(learner, qcfg), attention)
     assert all("forward" in vars(layer) for layer in model.model.layers)
-    factory = (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None
-    calls = _counting(monkeypatch)
-    try:
-        lean = _play(model, factory)
-        assert calls["lean"] > 0
-        FL.use_fast_layers(False)
-        eager = _play(model, factory)
-    finally:
-        FL.use_fast_layers(True)
-    for a, b in zip(lean, eager):
-        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None)
 
 
 def test_model_forward_and_cache_are_the_same():
@@ -228,17 +236,6 @@ def test_lean_calls_equal_the_modules(qcfg):
     assert plan.o_proj is not attn.o_proj.forward and plan.norm1 is not layer.input_layernorm.forward  # direct calls
 
 
-def _engine_same(model, monkeypatch, factory=None):
-    calls = _counting(monkeypatch)
-    try:
-        lean = _play(model, factory)
-        assert calls["lean"] > 0
-        FL.use_fast_layers(False)
-        eager = _play(model, factory)
-    finally:
-        FL.use_fast_layers(True)
-    for a, b in zip(lean, eager):
-        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
 
 
 @pytest.mark.parametrize("variant", ["eager_attention", "biases", "no_groups", "fp32"])
@@ -287,8 +284,7 @@ def test_turning_the_kernels_off_after_the_first_call_is_followed(monkeypatch):
         off = _play(model, factory)
     finally:
         kernels.set_enabled(True)
-    for a, b in zip(before, off):
-        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+    _assert_same_episodes(before, off)
 
 
 def test_a_replaced_submodule_is_called():

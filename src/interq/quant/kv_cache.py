@@ -45,6 +45,11 @@ def _dequant(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tens
     return P.dequant_kv(q, s, dtype)
 
 
+def _kernel_kv_args(qcfg: QuantConfig) -> tuple[int, bool, float]:
+    """The int8 KV kernels' (qmax, trunc, min_scale) arguments for ``qcfg`` (``int8_per_token_head``)."""
+    return int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round", P.KV_MIN_SCALE
+
+
 class QuantKVLayer(DynamicLayer):
     """One layer: codes in ``self.keys`` / ``self.values`` ([B, H, T, D], int8 or e4m3), fp32 scales in
     ``self.key_scales`` / ``self.value_scales`` ([B, H, T, 1], or [] for ``fp8_tensor``).
@@ -102,7 +107,7 @@ class QuantKVLayer(DynamicLayer):
         if (k is not None and qcfg.kv_format == "int8_per_token_head" and not key_states.is_cuda
                 and {key_states.dtype, value_states.dtype} <= {torch.float32, torch.bfloat16, torch.float16}):
             # the fused CPU kernel, once per tensor: the same codes and scales in 2 ops instead of ~16
-            args = (int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round", P.KV_MIN_SCALE)
+            args = _kernel_kv_args(qcfg)
             return (*k.quant_kv_int8(key_states.detach(), *args), *k.quant_kv_int8(value_states.detach(), *args))
         if key_states.shape != value_states.shape or key_states.dtype != value_states.dtype:
             return (*P.quant_kv(key_states, qcfg), *P.quant_kv(value_states, qcfg))
@@ -118,8 +123,7 @@ class QuantKVLayer(DynamicLayer):
         k = kernels.get()
         if (k is not None and qcfg.kv_format == "int8_per_token_head" and not t.is_cuda
                 and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.numel()):
-            return k.fake_quant_kv_int8(t.detach(), int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round",
-                                        P.KV_MIN_SCALE)[0]
+            return k.fake_quant_kv_int8(t.detach(), *_kernel_kv_args(qcfg))[0]
         return P.fake_quant_kv(t, qcfg)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -132,7 +136,7 @@ class QuantKVLayer(DynamicLayer):
             if qcfg.kv_format == "int8_per_token_head" and key_states.dtype == value_states.dtype:
                 # a decode step into spare columns: _roundtrip's kernel and both appends in one call (same values)
                 pair = append_pair(self.buffers, self.keys, self.values, key_states.detach(), value_states.detach(),
-                                   (int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round", P.KV_MIN_SCALE))
+                                   _kernel_kv_args(qcfg))
                 if pair is not None:
                     self.keys, self.values = pair
                     return pair

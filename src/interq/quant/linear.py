@@ -262,13 +262,25 @@ def amx_linear(x2: torch.Tensor, wq_t: torch.Tensor, vnni: torch.Tensor | None, 
     kernels' ``int8_linear_amx`` where it applies (the ``amx`` backend on the CPU, no bias, half-even activation
     rounding, no autograd): the values of :func:`quant_act_int8`, :func:`int8_accumulate` and
     :func:`epilogue_split` called in turn (tested), one contiguous [M, N_i] tensor per member; None elsewhere."""
-    if not amx or vnni is None or bias is not None or rounding != "half_even" or x2.device.type != "cpu":
+    if not amx_linear_applies(wq_t, vnni, bias, rounding, amx) or not amx_linear_takes(x2):
         return None
     mod = kernels.get()
-    if (mod is None or x2.requires_grad or x2.dim() != 2 or wq_t.shape[0] % 64 or x2.dtype not in _AMX_LINEAR_DTYPES
-            or out_dtype not in _AMX_LINEAR_DTYPES):
+    if mod is None or x2.dim() != 2 or out_dtype not in _AMX_LINEAR_DTYPES:
         return None
     return mod.int8_linear_amx(x2.contiguous(), vnni, s_w, list(sizes), int_qmax(a_bits), out_dtype)
+
+
+def amx_linear_applies(wq_t: torch.Tensor, vnni: torch.Tensor | None, bias: torch.Tensor | None, rounding: str,
+                       amx: bool) -> bool:
+    """The conditions of :func:`amx_linear` on the module (fixed until its weights or backend change): the ``amx``
+    backend's packed weights, K padded to a multiple of 64, no bias, half-even activation rounding."""
+    return amx and vnni is not None and bias is None and rounding == "half_even" and wq_t.shape[0] % 64 == 0
+
+
+def amx_linear_takes(x: torch.Tensor) -> bool:
+    """The conditions of :func:`amx_linear` on its input (its output has the input's dtype): a CPU tensor of a dtype
+    the kernel reads, no autograd."""
+    return x.device.type == "cpu" and not x.requires_grad and x.dtype in _AMX_LINEAR_DTYPES
 
 
 def int8_gemm(q: torch.Tensor, s_a: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int,

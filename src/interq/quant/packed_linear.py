@@ -222,13 +222,18 @@ class PackedBf16Linear(nn.Module):
             self._amx, self._amx_version = pack_bf16_amx(self.weight), version
         return self._amx
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def product(self, x: torch.Tensor) -> tuple[str, int, int]:
+        """(product, kb, rows) for input x: ``"amx"`` / ``"onednn"`` with :func:`product_choice`'s K blocking, or
+        ``"linear"`` where ``F.linear`` itself must run (not bf16, not CPU, too many rows, strided, autograd)."""
         m = x.numel() // self.in_features if self.in_features else 0
         # strided inputs too: F.linear takes another path for them (a batched matmul), with other sums
         if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not 0 < m <= PACKED_MAX_M or not x.is_contiguous()
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
-            return nn.functional.linear(x, self.weight, self.bias)
-        product, kb = product_choice(self.in_features, self.out_features, self.bias is not None, m)
+            return "linear", 0, m
+        return (*product_choice(self.in_features, self.out_features, self.bias is not None, m), m)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        product, kb, m = self.product(x)
         if product == "linear":
             return nn.functional.linear(x, self.weight, self.bias)
         x2 = x.view(m, self.in_features)

@@ -54,6 +54,14 @@ def sum_lanes() -> int | None:
     return _LANES["value"]
 
 
+def kernel_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``rms_norm_bf16`` takes this call: contiguous, non-empty bf16 CPU rows, a bf16 CPU weight, no
+    autograd (else the eager module's forward)."""
+    return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.is_contiguous() and x.numel() > 0
+            and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
 class FusedRMSNorm(nn.Module):
     """An RMSNorm of the :data:`NORM_CLASSES` computed by one kernel call for bf16 CPU inputs (the same bits as the
     module it replaces; see the module docstring). Build with :meth:`from_norm`."""
@@ -91,9 +99,7 @@ class FusedRMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         x = hidden_states
-        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0
-                or self.weight.dtype != torch.bfloat16 or _kernels() is None
-                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+        if _kernels() is None or not kernel_takes(x, self.weight):
             return self._eager(self, x)
         return self._kernel(x)
 

@@ -41,26 +41,25 @@ def use_fast_layers(enabled: bool) -> None:
     _STATE["enabled"] = bool(enabled)
 
 
-_AMX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what int8_linear_amx takes and gives
-
-
 def _int8_call(module: nn.Module, sizes: list[int]):
     """x [..., K] -> a list of [M, N_i] outputs (or None: the module's own forward is needed) by one call of the
     kernels' ``int8_linear_amx``, for an int8 module (:class:`QuantLinear` or a :class:`FusedQuantLinear` group)
-    whose forward would make that same call (:func:`interq.quant.linear.amx_linear`); None for other modules."""
+    whose forward would make that same call (:func:`interq.quant.linear.amx_linear`: its module-side conditions
+    checked here once, its input-side ones per call); None for other modules."""
     from interq.quant import kernels
     from interq.quant.config import int_qmax
+    from interq.quant.linear import amx_linear_applies, amx_linear_takes
 
     mod = kernels.get()
     qcfg = getattr(module, "qcfg", None)
     if (mod is None or not hasattr(mod, "int8_linear_amx") or qcfg is None or qcfg.w_format != "int8"
-            or getattr(module, "int8_backend", None) != "amx" or getattr(module, "weight_vnni", None) is None
-            or module.bias is not None or qcfg.a_int8_rounding != "half_even" or module.weight_q.shape[0] % 64):
+            or not amx_linear_applies(module.weight_q, getattr(module, "weight_vnni", None), module.bias,
+                                      qcfg.a_int8_rounding, getattr(module, "int8_backend", None) == "amx")):
         return None
     k, qmax, buffers = module.in_features, int_qmax(qcfg.a_bits), module._buffers
 
     def call(x):
-        if x.device.type != "cpu" or x.dtype not in _AMX_DTYPES or (torch.is_grad_enabled() and x.requires_grad):
+        if not amx_linear_takes(x):
             return None
         return mod.int8_linear_amx(x.reshape(-1, k).contiguous(), buffers["weight_vnni"], buffers["weight_scale"],
                                    sizes, qmax, x.dtype)
@@ -71,26 +70,20 @@ def _int8_call(module: nn.Module, sizes: list[int]):
 def _bf16_call(module: nn.Module):
     """x [..., K] -> [[M, N]] (or None: the module's own forward is needed) by one call of the kernels' AMX-BF16
     product, for a :class:`~interq.quant.packed_linear.PackedBf16Linear` whose forward would make that same call
-    (the product chosen for the row count, :func:`~interq.quant.packed_linear.product_choice`); None for other
-    modules."""
+    (:meth:`~interq.quant.packed_linear.PackedBf16Linear.product`); None for other modules."""
     from interq.quant import kernels
-    from interq.quant.packed_linear import PACKED_MAX_M, PackedBf16Linear, product_choice
+    from interq.quant.packed_linear import PackedBf16Linear, _amx_product
 
     mod = kernels.get()
     if type(module) is not PackedBf16Linear or mod is None or not hasattr(mod, "bf16_linear_amx"):
         return None
-    k, n, params = module.in_features, module.out_features, module._parameters
+    k, n = module.in_features, module.out_features
 
     def call(x):
-        m = x.numel() // k
-        weight, bias = params["weight"], module.bias
-        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not 0 < m <= PACKED_MAX_M or not x.is_contiguous()
-                or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-            return None
-        product, kb = product_choice(k, n, bias is not None, m)
+        product, kb, m = module.product(x)
         if product != "amx":
             return None
-        return [mod.bf16_linear_amx(x.view(m, k), module.amx_weight(), n, bias, kb)]
+        return [_amx_product(x.view(m, k), module.amx_weight(), n, module.bias, kb)]
 
     return call
 
@@ -122,7 +115,7 @@ def _project(mods: list[nn.Module]):
 def _norm(norm: nn.Module):
     """x -> the norm's output: the fused RMSNorm's kernel called directly where its forward would call it."""
     from interq.quant import kernels
-    from interq.quant.rms_norm import FusedRMSNorm
+    from interq.quant.rms_norm import FusedRMSNorm, kernel_takes
 
     forward = norm.forward
     mod = kernels.get()
@@ -132,9 +125,7 @@ def _norm(norm: nn.Module):
 
     def call(x):
         weight = params["weight"]
-        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0
-                or weight.dtype != torch.bfloat16 or weight.device.type != "cpu"
-                or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        if not kernel_takes(x, weight):
             return forward(x)
         out, nan = mod.rms_norm_bf16(x, weight, eps, lanes)
         return forward(x) if nan else out
