@@ -311,3 +311,62 @@ def test_a_patched_layer_class_is_left_alone(monkeypatch):
     monkeypatch.setattr(ML.LlamaMLP, "forward", lambda self, x: self.down_proj(x))
     model = _tiny()
     assert FL.install(model) == 0
+
+
+def _kernels_package_layer():
+    """A layer whose attention routes the rotary embedding to its own copy (Hugging Face's ``kernels`` package
+    installed, as transformers 5.25 requires), or a skip."""
+    model = set_rollout_attention(_tiny(), "sdpa_packed")
+    funcs = vars(model.model.layers[0].self_attn).get("_kernel_funcs")
+    if not funcs:
+        pytest.skip("transformers here does not route the rotary embedding through the kernels package")
+    return model, funcs
+
+
+def test_the_kernels_packages_rotary_routing_keeps_interqs_kernel(monkeypatch):
+    """With the kernels package, ``apply_rotary_pos_emb`` is a function module; the lean forward still stands
+    interq's kernel in for it (the CI of stop 33 ran transformers 5.25: the kernel was silently never used)."""
+    model, _ = _kernels_package_layer()
+    _kernels()
+    assert FL.install(model) == len(model.model.layers)
+    _engine_same(model, monkeypatch)
+
+
+def test_a_kernelized_rotary_embedding_is_called(monkeypatch):
+    """Once ``kernels.kernelize`` gives the attention's copy a forward of its own (a hub kernel), the lean forward
+    calls that forward, as transformers' routing does, and not interq's kernel; also when the layer ran before."""
+    import types
+
+    model, funcs = _kernels_package_layer()
+    layer = model.model.layers[0]
+    x = torch.randn(2, 3, 192, generator=torch.Generator().manual_seed(0)).bfloat16()
+    pos = model.model.rotary_emb(x, torch.arange(3)[None].expand(2, 3))
+    calls = _counting(monkeypatch)
+    plain = layer(x, position_embeddings=pos)
+    assert calls["lean"] == 1
+    (own,) = funcs.values()
+    ran = []
+
+    def hub_kernel(self, q, k, cos, sin, *args, **kwargs):  # stands for a hub kernel: visibly other values
+        ran.append(1)
+        return q * 2, k
+
+    own.forward = types.MethodType(hub_kernel, own)
+    try:
+        lean = layer(x, position_embeddings=pos)
+        assert calls["lean"] == 1 and len(ran) == 1 and not torch.equal(lean, plain)
+        FL.use_fast_layers(False)
+        assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(lean)) and len(ran) == 2
+    finally:
+        FL.use_fast_layers(True)
+        del own.forward
+    assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(plain)) and calls["lean"] == 2
+
+
+def test_other_kernel_functions_leave_the_layer_alone():
+    """An attention routing a function other than the rotary embedding (or more of them) is not reproduced."""
+    model, funcs = _kernels_package_layer()
+    layer = copy.deepcopy(model.model.layers[0])
+    vars(layer.self_attn)["_kernel_funcs"] = {**funcs, "other": next(iter(funcs.values()))}
+    del layer.forward
+    assert FL.install(layer) == 0

@@ -165,11 +165,44 @@ _PARTS = (("input_layernorm",), ("post_attention_layernorm",), ("self_attn", "q_
           ("mlp", "down_proj"), ("mlp", "act_fn"))
 
 
+_NO_FUNCS: dict = {}
+
+
 def _parts(layer: nn.Module) -> tuple:
-    """The submodules the lean forward calls, read from the modules' own registries (cheap enough for every call)."""
+    """The submodules the lean forward calls, read from the modules' own registries (cheap enough for every call),
+    and the attention's own copies of kernel functions (:func:`_rope_function`)."""
     attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
     owner = {"self_attn": attn, "mlp": mlp}
-    return (attn, mlp, *((owner[p[0]] if len(p) == 2 else layer)._modules.get(p[-1]) for p in _PARTS))
+    return (attn, mlp, *((owner[p[0]] if len(p) == 2 else layer)._modules.get(p[-1]) for p in _PARTS),
+            *attn.__dict__.get("_kernel_funcs", _NO_FUNCS).values())
+
+
+def _kernel_func_name(fn) -> str | None:
+    """The key under which Hugging Face's ``kernels`` package files a function module in a module's
+    ``_kernel_funcs`` (``use_kernelized_func``)."""
+    return getattr(fn, "__name__", None) or getattr(fn, "kernel_layer_name", None)
+
+
+def _rope_function(attn: nn.Module, modeling) -> tuple:
+    """-> (what ``LlamaAttention.forward`` calls for the rotary embedding, whether that is transformers' own
+    ``apply_rotary_pos_emb`` unchanged, so that interq's kernel may stand in for it), or None where the attention
+    routes other functions than this one (the lean forward does not reproduce it).
+
+    Where Hugging Face's ``kernels`` package is installed (transformers 5.25 requires it), the modeling module's
+    ``apply_rotary_pos_emb`` is a function module wrapping transformers' function, and the attention class's forward
+    (``use_kernelized_func``) routes each call to the attention's own copy in ``_kernel_funcs``, to which
+    ``kernels.kernelize`` may give a hub kernel's forward (an instance ``forward``). The lean forward calls that copy,
+    as the routing would; the kernel stands in only while the copy has no forward of its own (checked per call)."""
+    fn = modeling.apply_rotary_pos_emb
+    funcs = attn.__dict__.get("_kernel_funcs", _NO_FUNCS)
+    if _is_transformers(fn, modeling, "apply_rotary_pos_emb"):
+        return (fn, True) if not funcs else None
+    own = funcs.get(_kernel_func_name(fn)) if isinstance(fn, nn.Module) else None
+    if own is None or type(own) is not type(fn) or len(funcs) != 1:
+        return (fn, False) if not funcs else None
+    cells = getattr(type(fn).forward, "__closure__", None) or ()
+    wrapped = [c.cell_contents for c in cells if callable(c.cell_contents) and not isinstance(c.cell_contents, type)]
+    return own, any(_is_transformers(w, modeling, "apply_rotary_pos_emb") for w in wrapped)
 
 
 class _Plan:
@@ -189,12 +222,14 @@ class _Plan:
         self.o_proj, self.down = _project([attn.o_proj]), _project([mlp.down_proj])
         self.act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
         modeling = sys.modules[type(attn).__module__]
-        self.rope_eager = modeling.apply_rotary_pos_emb
         # interq's rope kernel only in place of transformers' own function (not of a patched one)
-        self.rope_kernel = _is_transformers(self.rope_eager, modeling, "apply_rotary_pos_emb")
+        self.rope_eager, self.rope_kernel = _rope_function(attn, modeling)
+        # a function module (kernels package): whether kernelize gave it a forward of its own, looked up per call
+        self.rope_state = self.rope_eager.__dict__ if isinstance(self.rope_eager, nn.Module) else _NO_FUNCS
         self.eager_attention = modeling.eager_attention_forward
         self.attention_functions = ALL_ATTENTION_FUNCTIONS
-        self.mods = tuple(m for m in layer.modules() if m is not layer)
+        self.mods = tuple(m for m in layer.modules() if m is not layer) + tuple(
+            m for m in attn.__dict__.get("_kernel_funcs", _NO_FUNCS).values() if isinstance(m, nn.Module))
 
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -231,7 +266,7 @@ def _lean_forward(layer, *args, **kwargs):
     d = attn.head_dim
     q, k, v = plan.qkv(plan.norm1(hidden_states))  # [B, S, H * D], [B, S, Hkv * D] x 2
     q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
-    if plan.rope_kernel:
+    if plan.rope_kernel and "forward" not in plan.rope_state:
         q, k = _rope(plan.rope_eager, q, k, *position_embeddings)
     else:
         q, k = plan.rope_eager(q.transpose(1, 2), k.transpose(1, 2), *position_embeddings)
@@ -261,7 +296,8 @@ def _is_transformers(fn, modeling, name: str) -> bool:
 
 def _reproducible(layer: nn.Module) -> bool:
     """Whether the lean forward reproduces this layer's: transformers' own Llama layer, attention and MLP forwards
-    (not patched at the class), taking the cache as ``cache`` (transformers 5)."""
+    (not patched at the class; the attention's may carry the ``kernels`` package's routing of the rotary embedding,
+    :func:`_rope_function`), taking the cache as ``cache`` (transformers 5)."""
     import inspect
 
     modeling = sys.modules[type(layer).__module__]
@@ -271,6 +307,9 @@ def _reproducible(layer: nn.Module) -> bool:
     own = (type(layer).forward, "LlamaDecoderLayer.forward"), (type(attn).forward, "LlamaAttention.forward"), \
         (type(mlp).forward, "LlamaMLP.forward")
     if not all(_is_transformers(fn, modeling, name) for fn, name in own):
+        return False
+    # kernel functions routed by the kernels package: only the attention's rotary embedding is reproduced
+    if any("_kernel_funcs" in vars(m) for m in (layer, mlp)) or _rope_function(attn, modeling) is None:
         return False
     try:
         return "cache" in inspect.signature(type(layer).forward).parameters
