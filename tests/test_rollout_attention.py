@@ -136,6 +136,33 @@ def test_build_executor_gives_the_rollout_copy_the_attention_and_leaves_the_lear
     assert plain.module.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.parametrize("executor", ["bf16", "fp32"])
+def test_the_unquantized_arms_executor_plays_a_plain_copys_episodes_before_and_after_a_sync(executor):
+    """build_executor's bf16 / fp32 arm is make_executor(BF16_EXECUTOR) (packed products, fused norms: speed only):
+    its episodes are a plain copy's of the learner, bit for bit, at the start and after the learner's weights change
+    and are synced (the packed weights made again)."""
+    from interq.train.build import build_executor
+    from interq.train.config import RolloutConfig
+
+    learner = _gqa_llama(torch.float32)
+    ex = build_executor(learner, RolloutConfig(executor=executor))
+    dtype = torch.bfloat16 if executor == "bf16" else torch.float32
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, 96, (n,), generator=gen).tolist() for n in (30, 11, 4)]
+
+    def same_as_a_plain_copy():
+        plain = set_rollout_attention(copy.deepcopy(learner).to(dtype).eval().requires_grad_(False), "sdpa_packed")
+        for a, b in zip(_play(ex.module, prompts, [5, 6, 7]), _play(plain, prompts, [5, 6, 7])):
+            assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+
+    same_as_a_plain_copy()
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    ex.sync(learner)
+    same_as_a_plain_copy()
+
+
 # --------------------------------------------------------------------------------- packed_kernel (opt-in)
 
 def _decode_kernel():

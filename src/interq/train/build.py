@@ -252,23 +252,17 @@ def quant_config(cfg: RolloutConfig):
 
 def build_executor(learner: torch.nn.Module, cfg: RolloutConfig) -> Executor:
     import copy
-    import time
 
     from interq.rollout.attention import set_rollout_attention
 
+    from interq.quant import BF16_EXECUTOR, make_executor, make_kv_cache, sync_weights
+
     if cfg.executor in ("bf16", "fp32"):
+        # unquantized: make_executor's packed bf16 products and fused norms (the same bits as the learner's modules
+        # in this dtype, fewer and faster calls), as bench_quant's bf16 executor
         dtype = torch.bfloat16 if cfg.executor == "bf16" else torch.float32
-        module = set_rollout_attention(copy.deepcopy(learner).to(dtype).eval().requires_grad_(False), cfg.attention)
-
-        @torch.no_grad()
-        def sync(lr: torch.nn.Module) -> float:
-            t0 = time.perf_counter()
-            for p, q in zip(module.parameters(), lr.parameters()):
-                p.copy_(q)
-            return time.perf_counter() - t0
-
-        return Executor(module, None, sync, None, {"executor": cfg.executor})
-    from interq.quant import make_executor, make_kv_cache, sync_weights
+        module = set_rollout_attention(make_executor(copy.deepcopy(learner).to(dtype), BF16_EXECUTOR), cfg.attention)
+        return Executor(module, None, lambda lr: sync_weights(lr, module), None, {"executor": cfg.executor})
 
     qcfg = quant_config(cfg)
     dtype = torch.bfloat16 if cfg.executor_dtype == "bfloat16" else torch.float32
