@@ -93,9 +93,9 @@ def _play(model, cache_factory=None):
 
 
 def _counting(monkeypatch):
-    """Counts the lean forward's runs (each runs the rotary embedding through ``_rope``; a call handed over to
-    transformers' forward does not)."""
-    calls = {"lean": 0}
+    """Counts the lean forward's runs (each runs the rotary embedding through ``_rope``, or the kernels' one-call
+    first half, "fused"; a call handed over to transformers' forward does neither)."""
+    calls = {"lean": 0, "fused": 0}
     real = FL._rope
 
     def rope(*args):
@@ -103,6 +103,16 @@ def _counting(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(FL, "_rope", rope)
+    mod = kernels.get()
+    if mod is not None and hasattr(mod, "layer_attn_in"):
+        real_in = mod.layer_attn_in
+
+        def attn_in(*args):
+            calls["lean"] += 1
+            calls["fused"] += 1
+            return real_in(*args)
+
+        monkeypatch.setattr(mod, "layer_attn_in", attn_in)
     return calls
 
 
@@ -111,17 +121,25 @@ def _assert_same_episodes(a_list, b_list):
         assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
 
 
-def _engine_same(model, monkeypatch, factory=None):
-    """The engine's episodes with the lean forward (which must have run) and with transformers' forward."""
+def _engine_same(model, monkeypatch, factory=None, fused=None):
+    """The engine's episodes with the lean forward (which must have run; with the one-call halves where ``fused``,
+    None: wherever they apply), without those halves, and with transformers' forward."""
     calls = _counting(monkeypatch)
     try:
         lean = _play(model, factory)
         assert calls["lean"] > 0
+        if fused is not None:
+            assert (calls["fused"] > 0) == fused
+        FL.use_fast_layers(True, fused=False)
+        before = dict(calls)
+        unfused = _play(model, factory)
+        assert calls["lean"] > before["lean"] and calls["fused"] == before["fused"]
         FL.use_fast_layers(False)
         eager = _play(model, factory)
     finally:
         FL.use_fast_layers(True)
     _assert_same_episodes(lean, eager)
+    _assert_same_episodes(unfused, eager)
 
 
 @pytest.mark.parametrize("executor", ["bf16", "w8a8-kv8", "w8a8"])
@@ -133,7 +151,62 @@ def test_engine_episodes_are_the_same_with_and_without_it(executor, attention, m
     qcfg = {"bf16": BF16_EXECUTOR, "w8a8-kv8": QuantConfig(), "w8a8": QuantConfig(kv_format="none")}[executor]
     model = set_rollout_attention(make_executor(learner, qcfg), attention)
     assert all("forward" in vars(layer) for layer in model.model.layers)
-    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None)
+    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None,
+                 fused=True if _amx_kernels() else None)
+
+
+def _amx_kernels() -> bool:
+    """Whether this machine runs the AMX int8 and bf16 products (then the one-call halves apply to these models)."""
+    mod = kernels.load()
+    return (mod is not None and hasattr(mod, "layer_attn_in") and bool(mod.has_int8_gemm_amx())
+            and bool(mod.has_bf16_gemm_amx()))
+
+
+@pytest.mark.parametrize("executor", ["bf16", "w8a8-kv8"])
+def test_the_one_call_halves_follow_a_weight_sync(executor, monkeypatch):
+    """After the executor's weights are synced from a changed learner (int8 codes requantized in place, bf16
+    weights copied: their AMX layout made again), the one-call halves use the new weights."""
+    from interq.quant import sync_weights
+
+    learner = _tiny()
+    qcfg = BF16_EXECUTOR if executor == "bf16" else QuantConfig()
+    model = set_rollout_attention(make_executor(learner, qcfg), "sdpa_packed")
+    factory = (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None
+    first = _play(model, factory)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(9)
+        for p in learner.parameters():
+            p.add_((0.1 * p.float().abs().mean() * torch.randn(p.shape, generator=gen)).to(p.dtype))
+    sync_weights(learner, model)
+    second = _play(model, factory)
+    assert not all(torch.equal(a.behavior_logprobs, b.behavior_logprobs) for a, b in zip(first, second))
+    _engine_same(model, monkeypatch, factory, fused=True if _amx_kernels() else None)
+
+
+@pytest.mark.parametrize("executor", ["bf16", "w8a8"])
+def test_the_one_call_halves_give_way_to_nan_rows_and_many_rows(executor, monkeypatch):
+    """A row holding inf (the norms' outputs are NaN: their eager ops decide, the first half step by step, the second
+    from its residual) and a prefill of more rows than the packed bf16 product takes (F.linear): transformers'
+    forward's bits."""
+    qcfg = BF16_EXECUTOR if executor == "bf16" else QuantConfig(kv_format="none")
+    model = set_rollout_attention(make_executor(_tiny(), qcfg), "sdpa_packed")
+    layer = model.model.layers[0]
+    gen = torch.Generator().manual_seed(2)
+    for b, s in ((3, 1), (2, 5), (3, 100)):
+        x = torch.randn(b, s, 192, generator=gen).bfloat16()
+        if s < 100:
+            x[1, 0, 7] = float("inf")
+        pos = model.model.rotary_emb(x, torch.arange(s)[None].expand(b, s))
+        with torch.inference_mode():
+            FL.use_fast_layers(False)
+            ref = layer(x, position_embeddings=pos)
+            FL.use_fast_layers(True)
+            calls = _counting(monkeypatch)
+            out = layer(x, position_embeddings=pos)
+        assert calls["lean"] >= 1
+        assert torch.equal(_bits(out), _bits(ref)), (b, s)
+        if s < 100:
+            assert out[1].isnan().any() and not out[0].isnan().any()
 
 
 def test_model_forward_and_cache_are_the_same():

@@ -55,6 +55,10 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   contiguous) with its eager ops' roundings (both products and their sum rounded to bf16), and whether an output is
   NaN (then the caller takes the eager ops: torch's vectorized NaN bits differ): the rollout's fast decoder layer
   (:mod:`interq.rollout.fast_layers`)
+- ``layer_attn_in(...)`` / ``layer_attn_out(...)``: a Llama decoder layer's two halves around its KV cache (norm,
+  q|k|v, rotary embedding; o_proj, residual, norm, gate|up, SiLU, down, residual) in one call each, composed of the
+  kernels above and torch's own elementwise ops in the lean forward's order: the same bits without the Python calls
+  between them (:mod:`interq.rollout.fast_layers`)
 - ``causal_attention_fwd(q, k, v, scale)`` / ``causal_attention_bwd(...)``: the learner's causal self-attention and
   its gradient in fp32 (``train.learner_attention=kernel``, :mod:`interq.train.learner_attention`): to rounding
 
@@ -180,7 +184,8 @@ def _build(openmp: bool, verbose: bool):
                                         "torch_row_sums", "rms_norm_bf16",
                                         "decode_attention",
                                         "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
-                                        "uniform_f64_rows", "race_argmax", "rope_bf16", "kv_append"],
+                                        "uniform_f64_rows", "race_argmax", "rope_bf16", "kv_append",
+                                        "layer_attn_in", "layer_attn_out"],
                              extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
                              build_directory=str(build_dir), verbose=verbose)
 

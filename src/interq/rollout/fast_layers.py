@@ -15,8 +15,15 @@ tokens and log-probs with and without it). A call takes transformers' own forwar
 in training mode, with gradients asked for, with forward hooks on any submodule (transformers records attentions and
 hidden states by hooks), or under argument names this code does not know. Other layer classes are left alone.
 
+Where every product of the layer is one of interq's AMX kernels (the W8A8 groups' ``int8_linear_amx``, the bf16
+executor's ``bf16_linear_amx`` without a bias), the norms are fused and the activation is SiLU, the two halves of the
+layer around its KV cache run as one kernel call each (``layer_attn_in``: norm, q|k|v, rotary embedding;
+``layer_attn_out``: o_proj, residual, norm, gate|up, SiLU * up, down, residual): the same kernels and torch ops in
+the same order, without the Python between them; every other case takes the calls one by one.
+
 ``set_rollout_attention`` installs it on every rollout executor; ``use_fast_layers(False)`` (or
-``INTERQ_FAST_LAYERS=0``) makes every layer take transformers' forward again, for side-by-side timing.
+``INTERQ_FAST_LAYERS=0``) makes every layer take transformers' forward again, ``use_fast_layers(True, fused=False)``
+keeps the lean forward without the one-call halves, for side-by-side timing.
 """
 
 from __future__ import annotations
@@ -32,13 +39,16 @@ from torch import nn
 from interq.rollout import attention as A
 
 LAYER_CLASSES = ("LlamaDecoderLayer",)  # whose forward (transformers 5) the lean forward reproduces
-_STATE = {"enabled": os.environ.get("INTERQ_FAST_LAYERS", "1").strip().lower() not in ("0", "off", "false", "no")}
+_STATE = {"enabled": os.environ.get("INTERQ_FAST_LAYERS", "1").strip().lower() not in ("0", "off", "false", "no"),
+          "fused": True}
 _KNOWN_KWARGS = frozenset({"cache_position"})  # other arguments the layer may take and passes on unchanged
 
 
-def use_fast_layers(enabled: bool) -> None:
-    """Turn the lean layer forward on or off for this process (on by default unless ``INTERQ_FAST_LAYERS=0``)."""
-    _STATE["enabled"] = bool(enabled)
+def use_fast_layers(enabled: bool, fused: bool = True) -> None:
+    """Turn the lean layer forward on or off for this process (on by default unless ``INTERQ_FAST_LAYERS=0``);
+    ``fused=False`` keeps it but without the kernels' one-call halves of a layer (each kernel called from Python, as
+    before them; for side-by-side timing)."""
+    _STATE["enabled"], _STATE["fused"] = bool(enabled), bool(fused)
 
 
 def _int8_call(module: nn.Module, sizes: list[int]):
@@ -133,6 +143,130 @@ def _norm(norm: nn.Module):
     return call
 
 
+class _Linears:
+    """One linear (or fused group) of a layer as the kernels' ``layer_attn_in`` / ``layer_attn_out`` take it:
+    ``spec(m, threads)`` -> (kind, tensors, ints) for an input of m rows, or None where the module's own forward
+    would run another product (then the layer takes the step-by-step path). Kind 0: a W8A8 group whose forward
+    makes one ``int8_linear_amx`` call (:func:`_int8_call`'s conditions); kind 1: :class:`PackedBf16Linear` modules
+    without a bias whose product at m rows is interq's AMX-BF16 kernel (``product_choice``, asked once per row
+    count and thread count, as their forward asks it)."""
+
+    def __init__(self, mods: list[nn.Module], n_out: int):
+        from interq.quant.linear import FusedQuantLinear, FusedQuantSlice, QuantLinear
+        from interq.quant.packed_linear import PackedBf16Linear
+
+        self.kind, self.ints, self.mods, self.kbs = None, None, mods, {}
+        group = getattr(mods[0], "group", None)
+        if (len(mods) == n_out and all(isinstance(m, FusedQuantSlice) and m.group is group for m in mods)
+                and [m.index for m in mods] == list(range(len(group.sizes))) and type(group) is FusedQuantLinear
+                and _int8_call(group, list(group.sizes)) is not None):
+            self.kind, self.buffers = 0, group._buffers
+            self.ints = [_qmax(group), *group.sizes]
+        elif (len(mods) == 1 == n_out and type(mods[0]) is QuantLinear
+              and _int8_call(mods[0], [mods[0].out_features]) is not None):
+            self.kind, self.buffers = 0, mods[0]._buffers
+            self.ints = [_qmax(mods[0]), mods[0].out_features]
+        elif (len(mods) == n_out and all(type(m) is PackedBf16Linear and m.bias is None for m in mods)
+              and _bf16_call(mods[0]) is not None):
+            self.kind = 1
+
+    def spec(self, m: int, threads: int):
+        if self.kind == 0:
+            b = self.buffers
+            return 0, [b["weight_vnni"], b["weight_scale"]], self.ints
+        if self.kind is None:
+            return None
+        kbs = self.kbs.get((m, threads))
+        if kbs is None:
+            from interq.quant.packed_linear import PACKED_MAX_M, product_choice
+
+            choices = [product_choice(mod.in_features, mod.out_features, False, m) if 0 < m <= PACKED_MAX_M
+                       else ("linear", 0) for mod in self.mods]
+            kbs = self.kbs[(m, threads)] = [kb for _, kb in choices] if all(c == "amx" for c, _ in choices) else []
+        if not kbs:
+            return None
+        return 1, [mod.amx_weight() for mod in self.mods], [v for mod, kb in zip(self.mods, kbs)
+                                                            for v in (mod.out_features, kb)]
+
+
+def _qmax(module: nn.Module) -> int:
+    from interq.quant.config import int_qmax
+
+    return int_qmax(module.qcfg.a_bits)
+
+
+def _fused_norm(norm: nn.Module):
+    """(the module's parameters, eps, lanes) of a fused RMSNorm whose forward calls ``rms_norm_bf16``, else None."""
+    from interq.quant.rms_norm import FusedRMSNorm
+
+    if type(norm) is not FusedRMSNorm or norm.weight.dtype != torch.bfloat16 or norm.weight.device.type != "cpu":
+        return None
+    return norm._parameters, float(norm.variance_epsilon), norm.lanes
+
+
+def _plain_silu(act) -> bool:
+    """Whether ``act`` is transformers' or torch's SiLU module, unchanged (``F.silu`` of its input, not in place)."""
+    from transformers.activations import SiLUActivation
+
+    if type(act) is SiLUActivation:
+        return type(act).forward is SiLUActivation.__dict__.get("forward") and "forward" not in vars(act)
+    return type(act) is nn.SiLU and not act.inplace and "forward" not in vars(act)
+
+
+class _Fused:
+    """What the kernels' one-call halves of a layer need (:func:`_lean_forward`), or None from :func:`_fused`."""
+
+    def __init__(self, mod, norms, linears):
+        self.mod, (self.norm1, self.norm2) = mod, norms
+        self.qkv, self.o, self.gate_up, self.down = linears
+
+    def specs(self, m: int):
+        """The four linears' specs for m rows at the current thread count, or None (the step-by-step path)."""
+        from interq.quant.packed_linear import _amx_on
+
+        threads = torch.get_num_threads()
+        specs = [lin.spec(m, threads) for lin in (self.qkv, self.o, self.gate_up, self.down)]
+        if any(sp is None for sp in specs) or (any(sp[0] == 1 for sp in specs) and not _amx_on()):
+            return None
+        return specs
+
+
+def _fused(layer: nn.Module, kernels_module) -> _Fused | None:
+    if kernels_module is None or not hasattr(kernels_module, "layer_attn_out"):
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    norms = _fused_norm(layer.input_layernorm), _fused_norm(layer.post_attention_layernorm)
+    linears = (_Linears([attn.q_proj, attn.k_proj, attn.v_proj], 3), _Linears([attn.o_proj], 1),
+               _Linears([mlp.gate_proj, mlp.up_proj], 2), _Linears([mlp.down_proj], 1))
+    if None in norms or any(lin.kind is None for lin in linears) or not _plain_silu(mlp.act_fn):
+        return None
+    return _Fused(kernels_module, norms, linears)
+
+
+_POSITIONS: list = [None, None, None, False]  # the last (cos, sin, rows) asked of _rope_takes, and its answer
+
+
+def _rope_takes(cos: torch.Tensor, sin: torch.Tensor, b: int, s: int, d: int) -> bool:
+    """Whether ``rope_bf16`` takes these position embeddings for q / k heads [b, s, *, d] (the conditions of
+    :func:`_rope` on cos and sin; every layer of a forward asks of the same tensors: the answer is kept)."""
+    last = _POSITIONS
+    if last[0] is cos and last[1] is sin and last[2] == (b, s, d):
+        return last[3]
+    ok = (cos.device.type == "cpu" and cos.dtype == sin.dtype == torch.bfloat16 and cos.dim() == 3
+          and cos.shape == sin.shape and cos.is_contiguous() and sin.is_contiguous() and cos.shape[0] in (1, b)
+          and cos.shape[1:] == (s, d) and d % 2 == 0)
+    _POSITIONS[:] = [cos, sin, (b, s, d), ok]
+    return ok
+
+
+def _rope_layout(qo: torch.Tensor, ko: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope_bf16``'s outputs [B, S, N, D] -> [B, N, S, D] with the layout of the eager function's result."""
+    if qo.shape[1] == 1:  # one token: torch's result is contiguous [B, H, 1, D] (the same memory)
+        return (qo.view(qo.shape[0], qo.shape[2], 1, qo.shape[3]),
+                ko.view(ko.shape[0], ko.shape[2], 1, ko.shape[3]))
+    return qo.transpose(1, 2), ko.transpose(1, 2)  # several tokens: [B, S, H, D] memory, as torch's
+
+
 def _rope(eager, q, k, cos, sin):
     """``eager(q, k, cos, sin)`` (transformers' ``apply_rotary_pos_emb``) of q [B, S, H, D] and k [B, S, Hkv, D]
     heads (contiguous) -> ([B, H, S, D], [B, Hkv, S, D]) with the eager result's values and layout."""
@@ -146,9 +280,7 @@ def _rope(eager, q, k, cos, sin):
             and q.shape[3] % 2 == 0 and q.is_contiguous() and k.is_contiguous()):
         qo, ko, nan = mod.rope_bf16(q, k, cos, sin)
         if not nan:
-            if q.shape[1] == 1:  # one token: torch's result is contiguous [B, H, 1, D] (the same memory)
-                return qo.view(q.shape[0], q.shape[2], 1, q.shape[3]), ko.view(k.shape[0], k.shape[2], 1, k.shape[3])
-            return qo.transpose(1, 2), ko.transpose(1, 2)  # several tokens: [B, S, H, D] memory, as torch's
+            return _rope_layout(qo, ko)
     return eager(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
 
 
@@ -228,6 +360,7 @@ class _Plan:
         self.rope_state = self.rope_eager.__dict__ if isinstance(self.rope_eager, nn.Module) else _NO_FUNCS
         self.eager_attention = modeling.eager_attention_forward
         self.attention_functions = ALL_ATTENTION_FUNCTIONS
+        self.fused = _fused(layer, kernels_module)
         self.mods = tuple(m for m in layer.modules() if m is not layer) + tuple(
             m for m in attn.__dict__.get("_kernel_funcs", _NO_FUNCS).values() if isinstance(m, nn.Module))
 
@@ -261,15 +394,27 @@ def _lean_forward(layer, *args, **kwargs):
             or _hooked(plan.mods)):
         return type(layer).forward(layer, *args, **kwargs)
     attention_mask, cache = kwargs.get("attention_mask"), kwargs.get("cache")
-    attn = plan.attn
+    attn, fused = plan.attn, plan.fused
     b, s = hidden_states.shape[:2]
     d = attn.head_dim
-    q, k, v = plan.qkv(plan.norm1(hidden_states))  # [B, S, H * D], [B, S, Hkv * D] x 2
-    q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
-    if plan.rope_kernel and "forward" not in plan.rope_state:
-        q, k = _rope(plan.rope_eager, q, k, *position_embeddings)
+    rope_kernel = plan.rope_kernel and "forward" not in plan.rope_state
+    # the kernels' one-call halves (the same kernels and ops, no Python between them) for bf16 CPU rows, no autograd
+    specs = (fused.specs(b * s) if fused is not None and _STATE["fused"] and not torch.is_grad_enabled()
+             and hidden_states.dtype == torch.bfloat16 and hidden_states.device.type == "cpu"
+             and hidden_states.is_contiguous() and hidden_states.dim() == 3 else None)
+    qkv = None
+    if specs is not None and rope_kernel and _rope_takes(*position_embeddings, b, s, d):
+        (w1, eps1, lanes1) = fused.norm1
+        qkv = fused.mod.layer_attn_in(hidden_states, w1["weight"], eps1, lanes1, *specs[0], *position_embeddings, d)
+    if qkv:  # [B, S, H, D], [B, S, Hkv, D] (rotated), [B * S, Hkv * D]
+        (q, k), v = _rope_layout(qkv[0], qkv[1]), qkv[2]
     else:
-        q, k = plan.rope_eager(q.transpose(1, 2), k.transpose(1, 2), *position_embeddings)
+        q, k, v = plan.qkv(plan.norm1(hidden_states))  # [B, S, H * D], [B, S, Hkv * D] x 2
+        q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
+        if rope_kernel:
+            q, k = _rope(plan.rope_eager, q, k, *position_embeddings)
+        else:
+            q, k = plan.rope_eager(q.transpose(1, 2), k.transpose(1, 2), *position_embeddings)
     v = v.view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
     # what LlamaAttention passes on to the cache and the attention function: the layer's arguments but these
     passed = {"position_ids": kwargs.get("position_ids"), "use_cache": kwargs.get("use_cache", False),
@@ -284,7 +429,15 @@ def _lean_forward(layer, *args, **kwargs):
         attention = plan.attention_functions.get_interface(impl, plan.eager_attention)
         out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **passed)
         out = out.reshape(b, s, -1).contiguous()
-    hidden_states = hidden_states + plan.o_proj(out).view(b, s, -1)
+    if specs is not None and out.is_contiguous():  # o_proj, residual, norm, gate|up, SiLU, down, residual
+        (w2, eps2, lanes2) = fused.norm2
+        done = fused.mod.layer_attn_out(hidden_states, out, *specs[1], w2["weight"], eps2, lanes2, *specs[2],
+                                        *specs[3])
+        if len(done) == 2:
+            return done[1]
+        hidden_states = done[0]  # the norm met a NaN: on from the residual, step by step
+    else:
+        hidden_states = hidden_states + plan.o_proj(out).view(b, s, -1)
     gate, up = plan.gate_up(plan.norm2(hidden_states))
     return hidden_states + plan.down(plan.act(gate) * up).view(b, s, -1)
 

@@ -2411,3 +2411,67 @@ torch::Tensor race_argmax(torch::Tensor probs, torch::Tensor race) {
   });
   return out;
 }
+
+// ------------------------------------------------------------------------------------------------------------------
+// A Llama decoder layer's two halves around its KV cache, one call each (interq.rollout.fast_layers): the kernels the
+// lean layer forward calls in turn (rms_norm_bf16, int8_linear_amx or bf16_linear_amx, rope_bf16) and torch's own
+// ops for the rest (at::add, at::silu, at::mul), in the same order on the same tensors: the same bits without the
+// Python calls between them (at decode sizes those calls, not the kernels, were most of a layer's time). A linear
+// comes as (kind, tensors, ints): kind 0, a W8A8 group on AMX: {packed, s_w}, {qmax, n_1, ..., n_k}; kind 1, AMX-BF16
+// products without a bias: {packed_1, ..., packed_k}, {n_1, kb_1, ..., n_k, kb_k}. The caller checks that each
+// product is the one the module's own forward would run (interq.quant.linear.amx_linear_applies / takes,
+// interq.quant.packed_linear.product_choice) before it asks for these.
+namespace {
+std::vector<torch::Tensor> layer_linear(const torch::Tensor& x, int64_t kind, const std::vector<torch::Tensor>& t,
+                                        const std::vector<int64_t>& ints) {
+  if (kind == 0) {
+    TORCH_CHECK(t.size() == 2 && ints.size() >= 2, "layer kernels: an int8 linear takes {packed, s_w}, {qmax, n...}");
+    return int8_linear_amx(x, t[0], t[1], std::vector<int64_t>(ints.begin() + 1, ints.end()), ints[0],
+                           x.scalar_type());
+  }
+  TORCH_CHECK(kind == 1 && !t.empty() && ints.size() == 2 * t.size(),
+              "layer kernels: kind must be 0 (int8: {packed, s_w}, {qmax, n...}) or 1 (bf16: {packed...}, {n, kb, ...})");
+  std::vector<torch::Tensor> outs;
+  for (size_t i = 0; i < t.size(); ++i) outs.push_back(bf16_linear_amx(x, t[i], ints[2 * i], c10::nullopt, ints[2 * i + 1]));
+  return outs;
+}
+}  // namespace
+
+// h [B, S, K] bf16 (contiguous) -> {q [B, S, H, D], k [B, S, Hkv, D] (rope_bf16's outputs), v [B * S, Hkv * D]}:
+// q, k, v = qkv(norm(h)), the rotary embedding of q and k by cos / sin; {} where the norm or the rotary embedding
+// met a NaN (their eager ops then decide: the caller takes the step-by-step path; nothing was written anywhere).
+std::vector<torch::Tensor> layer_attn_in(torch::Tensor h, torch::Tensor norm_w, double eps, int64_t lanes,
+                                         int64_t kind, std::vector<torch::Tensor> lt, std::vector<int64_t> li,
+                                         torch::Tensor cos, torch::Tensor sin, int64_t head_dim) {
+  TORCH_CHECK(h.dim() == 3 && head_dim > 0, "layer_attn_in: h must be [B, S, K] and head_dim positive");
+  auto [x, nan] = rms_norm_bf16(h, norm_w, eps, lanes);
+  if (nan) return {};
+  const int64_t b = h.size(0), s = h.size(1);
+  auto qkv = layer_linear(x.view({b * s, h.size(2)}), kind, lt, li);
+  TORCH_CHECK(qkv.size() == 3, "layer_attn_in: the q|k|v linear must give three outputs, got ", qkv.size());
+  auto [q, k, rnan] = rope_bf16(qkv[0].view({b, s, -1, head_dim}), qkv[1].view({b, s, -1, head_dim}), cos, sin);
+  if (rnan) return {};
+  return {q, k, qkv[2]};
+}
+
+// h [B, S, K] bf16 (contiguous), attn [B, S, H * Dv] (contiguous: the attention's output) -> {h1, out} with
+// h1 = h + o_proj(attn), gate, up = gate_up(norm(h1)), out = h1 + down(silu(gate) * up); {h1} alone where the norm
+// met a NaN (the caller goes on from h1 step by step).
+std::vector<torch::Tensor> layer_attn_out(torch::Tensor h, torch::Tensor attn, int64_t o_kind,
+                                          std::vector<torch::Tensor> o_t, std::vector<int64_t> o_i,
+                                          torch::Tensor norm_w, double eps, int64_t lanes, int64_t g_kind,
+                                          std::vector<torch::Tensor> g_t, std::vector<int64_t> g_i, int64_t d_kind,
+                                          std::vector<torch::Tensor> d_t, std::vector<int64_t> d_i) {
+  TORCH_CHECK(h.dim() == 3 && attn.dim() == 3 && attn.is_contiguous(), "layer_attn_out: h and attn must be [B, S, *]");
+  const int64_t m = h.size(0) * h.size(1);
+  auto o = layer_linear(attn.view({m, attn.size(2)}), o_kind, o_t, o_i);
+  TORCH_CHECK(o.size() == 1, "layer_attn_out: o_proj must give one output");
+  auto h1 = at::add(h, o[0].view(h.sizes()));
+  auto [x, nan] = rms_norm_bf16(h1, norm_w, eps, lanes);
+  if (nan) return {h1};
+  auto gu = layer_linear(x.view({m, h.size(2)}), g_kind, g_t, g_i);
+  TORCH_CHECK(gu.size() == 2, "layer_attn_out: the gate|up linear must give two outputs, got ", gu.size());
+  auto d = layer_linear(at::mul(at::silu(gu[0]), gu[1]), d_kind, d_t, d_i);
+  TORCH_CHECK(d.size() == 1, "layer_attn_out: down_proj must give one output");
+  return {h1, at::add(h1, d[0].view(h.sizes()))};
+}
