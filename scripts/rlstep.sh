@@ -8,7 +8,8 @@
 # Writes OUT_DIR/rlstep_TAG.log (the run's output and /usr/bin/time's), .metrics.jsonl and .config.yaml, appends
 # start and end lines to OUT_DIR/block.log, and prints one summary line: process CPU s (user + system), the step's
 # rollout and learner seconds, the mismatch and the peak RSS. --ref runs COMMIT's interq from a worktree at
-# /tmp/rlstep-COMMIT (made when missing; 55992e6 is the commit before issue 12).
+# /tmp/rlstep-COMMIT (made when missing; 55992e6 is the commit before issue 12). PRESET=bf16 (or another preset) runs
+# that arm instead of q-interq.
 set -u
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: scripts/rlstep.sh OUT_DIR TAG [--ref COMMIT] [key=value ...]" >&2; exit 2; }
@@ -31,8 +32,8 @@ step="model.source=smollm2 env.action_format=text warm_start.enabled=false algo.
 step="$step train.eval_every_steps=0 train.threads=1 train.progress=false"
 run=runs/rlstep/$(basename "$out")-$tag
 rm -rf "$run"
-echo "rlstep $tag (${ref:-this checkout} $*) start $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/block.log"
-PYTHONPATH=$pp OMP_NUM_THREADS=1 /usr/bin/time -v .venv/bin/python -m interq.cli train --preset q-interq --out "$run" \
+echo "rlstep $tag (${ref:-this checkout} preset ${PRESET:-q-interq} $*) start $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/block.log"
+PYTHONPATH=$pp OMP_NUM_THREADS=1 /usr/bin/time -v .venv/bin/python -m interq.cli train --preset "${PRESET:-q-interq}" --out "$run" \
   $step "$@" > "$out/rlstep_$tag.log" 2>&1
 rc=$?
 echo "rlstep $tag rc=$rc $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/block.log"
