@@ -279,12 +279,47 @@ def test_a_deep_copy_runs_its_own_modules():
 
 
 def test_other_layer_classes_are_left_alone():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, attn_implementation="sdpa")
+    model = Qwen2ForCausalLM(cfg).eval()
+    assert FL.install(model) == 0 and "forward" not in vars(model.model.layers[0])
+
+
+def _qwen3(hidden=192, heads=6, kv_heads=2, head_dim=32, window=None, seed=0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, attn_implementation="sdpa")
-    model = Qwen3ForCausalLM(cfg).eval()
-    assert FL.install(model) == 0 and "forward" not in vars(model.model.layers[0])
+    torch.manual_seed(seed)
+    extra = dict(use_sliding_window=True, sliding_window=window, max_window_layers=1) if window else {}
+    cfg = Qwen3Config(vocab_size=96, hidden_size=hidden, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=2048, rms_norm_eps=1e-6, attn_implementation="sdpa", **extra)
+    model = Qwen3ForCausalLM(cfg).bfloat16().eval().requires_grad_(False)
+    with torch.no_grad():  # q_norm / k_norm weights away from 1, so that a skipped norm shows
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("executor", ["bf16", "w8a8-kv8", "w8a8", "fp32"])
+@pytest.mark.parametrize("shape", ["study", "wide", "window"])
+def test_qwen3_engine_episodes_are_the_same_with_and_without_it(executor, shape, monkeypatch):
+    """Qwen3 layers (q and k normalized per head before the rotary embedding): the study's tiny policy's shape
+    (width 64, head_dim 16), a wider one (the flash decode and the one-call halves apply), and one whose second
+    layer slides a 4-token window (its window passed on; no one-call flash decode there)."""
+    if shape == "window" and executor == "w8a8-kv8":
+        pytest.skip("the 8-bit KV cache takes full-attention layers only (make_kv_cache says so)")
+    model = {"study": lambda: _qwen3(64, 4, 2, 16), "wide": _qwen3, "window": lambda: _qwen3(window=4)}[shape]()
+    if shape == "window":
+        assert [layer.self_attn.sliding_window for layer in model.model.layers] == [None, 4]
+    qcfg = {"bf16": BF16_EXECUTOR, "w8a8-kv8": QuantConfig(), "w8a8": QuantConfig(kv_format="none"),
+            "fp32": BF16_EXECUTOR}[executor]
+    model = set_rollout_attention(make_executor(model.float() if executor == "fp32" else model, qcfg), "sdpa_packed")
+    assert all("forward" in vars(layer) for layer in model.model.layers)
+    fused = True if executor in ("bf16", "w8a8-kv8", "w8a8") and shape == "wide" and _amx_kernels() else None
+    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None, fused=fused)
 
 
 @pytest.mark.parametrize("qcfg", [QuantConfig(), BF16_EXECUTOR], ids=["w8a8", "bf16"])

@@ -1,4 +1,4 @@
-"""A lean forward for a rollout executor's Llama decoder layers: the same operations, fewer Python calls.
+"""A lean forward for a rollout executor's Llama and Qwen3 decoder layers: the same operations, fewer Python calls.
 
 At a rollout's sizes (SmolLM2-135M, 16 rows, one new token per row) a decode step is dominated by per-call
 overhead, not arithmetic: with the same 30 layers at a tiny width a step still took 38-45 ms on one core
@@ -7,7 +7,8 @@ calls per layer (each ``Module.__call__`` with its hook checks, two with a depre
 q|k|v and gate|up groups of the int8 executor hand their members' outputs out one module call at a time, and the
 rotary embedding is ten eager ops (``q * cos + rotate_half(q) * sin`` for q and k).
 
-:func:`install` gives each ``LlamaDecoderLayer`` of a model an instance ``forward`` that calls its submodules'
+:func:`install` gives each ``LlamaDecoderLayer`` / ``Qwen3DecoderLayer`` of a model (:data:`LAYER_CLASSES`; Qwen3's
+attention also normalizes q and k per head) an instance ``forward`` that calls its submodules'
 ``forward`` directly in transformers' order, runs a fused q|k|v (gate|up) group in one call, and the rotary
 embedding of bf16 CPU heads by interq's ``rope_bf16`` kernel (the eager ops' roundings: both products and their sum
 rounded to bf16; eager where an output is NaN). Every value is the eager layer's, bit for bit (tested: the engine's
@@ -38,7 +39,9 @@ from torch import nn
 
 from interq.rollout import attention as A
 
-LAYER_CLASSES = ("LlamaDecoderLayer",)  # whose forward (transformers 5) the lean forward reproduces
+# whose forward (transformers 5) the lean forward reproduces: Llama's, and Qwen3's (the same layer and MLP; its
+# attention normalizes q and k per head before the rotary embedding and passes its sliding window on)
+LAYER_CLASSES = ("LlamaDecoderLayer", "Qwen3DecoderLayer")
 _STATE = {"enabled": os.environ.get("INTERQ_FAST_LAYERS", "1").strip().lower() not in ("0", "off", "false", "no"),
           "fused": True}
 _KNOWN_KWARGS = frozenset({"cache_position"})  # other arguments the layer may take and passes on unchanged
@@ -216,9 +219,17 @@ def _plain_silu(act) -> bool:
 class _Fused:
     """What the kernels' one-call halves of a layer need (:func:`_lean_forward`), or None from :func:`_fused`."""
 
-    def __init__(self, mod, norms, linears):
+    def __init__(self, mod, norms, linears, qk_norms):
         self.mod, (self.norm1, self.norm2) = mod, norms
         self.qkv, self.o, self.gate_up, self.down = linears
+        self.qk_norms = qk_norms  # (q_norm, k_norm) of a Qwen3 attention (as _fused_norm gives them) or None
+
+    def qk_args(self) -> tuple:
+        """layer_attn_in's q / k norm arguments: (weight or None, eps, lanes) for q, then for k."""
+        if self.qk_norms is None:
+            return None, 0.0, 8, None, 0.0, 8
+        (qp, qe, ql), (kp, ke, kl) = self.qk_norms
+        return qp["weight"], qe, ql, kp["weight"], ke, kl
 
     def specs(self, m: int):
         """The four linears' specs for m rows at the current thread count, or None (the step-by-step path)."""
@@ -238,9 +249,14 @@ def _fused(layer: nn.Module, kernels_module) -> _Fused | None:
     norms = _fused_norm(layer.input_layernorm), _fused_norm(layer.post_attention_layernorm)
     linears = (_Linears([attn.q_proj, attn.k_proj, attn.v_proj], 3), _Linears([attn.o_proj], 1),
                _Linears([mlp.gate_proj, mlp.up_proj], 2), _Linears([mlp.down_proj], 1))
+    qk_norms = None
+    if attn._modules.get("q_norm") is not None:
+        qk_norms = _fused_norm(attn.q_norm), _fused_norm(attn.k_norm)
+        if None in qk_norms:
+            return None
     if None in norms or any(lin.kind is None for lin in linears) or not _plain_silu(mlp.act_fn):
         return None
-    return _Fused(kernels_module, norms, linears)
+    return _Fused(kernels_module, norms, linears, qk_norms)
 
 
 _POSITIONS: list = [None, None, None, False]  # the last (cos, sin, rows) asked of _rope_takes, and its answer
@@ -293,6 +309,7 @@ def _hooked(mods: tuple[nn.Module, ...]) -> bool:
 
 
 _PARTS = (("input_layernorm",), ("post_attention_layernorm",), ("self_attn", "q_proj"), ("self_attn", "k_proj"),
+          ("self_attn", "q_norm"), ("self_attn", "k_norm"),
           ("self_attn", "v_proj"), ("self_attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"),
           ("mlp", "down_proj"), ("mlp", "act_fn"))
 
@@ -352,6 +369,10 @@ class _Plan:
         self.gate_up = _project([mlp.gate_proj, mlp.up_proj])
         self.norm1, self.norm2 = _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm)
         self.o_proj, self.down = _project([attn.o_proj]), _project([mlp.down_proj])
+        # Qwen3: q and k normalized per head (over head_dim) before the rotary embedding; its sliding window
+        qk_norms = attn._modules.get("q_norm"), attn._modules.get("k_norm")
+        self.qk_norm = tuple(_norm(m) for m in qk_norms) if qk_norms[0] is not None else None
+        self.window = {"sliding_window": attn.sliding_window} if hasattr(attn, "sliding_window") else {}
         self.act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
         modeling = sys.modules[type(attn).__module__]
         # interq's rope kernel only in place of transformers' own function (not of a patched one)
@@ -405,12 +426,15 @@ def _lean_forward(layer, *args, **kwargs):
     qkv = None
     if specs is not None and rope_kernel and _rope_takes(*position_embeddings, b, s, d):
         (w1, eps1, lanes1) = fused.norm1
-        qkv = fused.mod.layer_attn_in(hidden_states, w1["weight"], eps1, lanes1, *specs[0], *position_embeddings, d)
+        qkv = fused.mod.layer_attn_in(hidden_states, w1["weight"], eps1, lanes1, *specs[0], *fused.qk_args(),
+                                      *position_embeddings, d)
     if qkv:  # [B, S, H, D], [B, S, Hkv, D] (rotated), [B * S, Hkv * D]
         (q, k), v = _rope_layout(qkv[0], qkv[1]), qkv[2]
     else:
         q, k, v = plan.qkv(plan.norm1(hidden_states))  # [B, S, H * D], [B, S, Hkv * D] x 2
         q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
+        if plan.qk_norm is not None:
+            q, k = plan.qk_norm[0](q), plan.qk_norm[1](k)
         if rope_kernel:
             q, k = _rope(plan.rope_eager, q, k, *position_embeddings)
         else:
@@ -423,11 +447,12 @@ def _lean_forward(layer, *args, **kwargs):
         k, v = cache.update(k, v, attn.layer_idx, kwargs=passed)
     impl = attn.config._attn_implementation
     out = None
-    if s == 1 and impl == A.NAME and attn.num_key_value_groups > 1:  # sdpa_packed's one-call decode, directly
+    if (s == 1 and impl == A.NAME and attn.num_key_value_groups > 1
+            and plan.window.get("sliding_window") is None):  # sdpa_packed's one-call decode, directly
         out = A.flash_decode_rows(q, k, v, attention_mask, attn.scaling, attn.num_key_value_groups)
     if out is None:
         attention = plan.attention_functions.get_interface(impl, plan.eager_attention)
-        out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **passed)
+        out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **plan.window, **passed)
         out = out.reshape(b, s, -1).contiguous()
     if specs is not None and out.is_contiguous():  # o_proj, residual, norm, gate|up, SiLU, down, residual
         (w2, eps2, lanes2) = fused.norm2
@@ -448,7 +473,8 @@ def _is_transformers(fn, modeling, name: str) -> bool:
 
 
 def _reproducible(layer: nn.Module) -> bool:
-    """Whether the lean forward reproduces this layer's: transformers' own Llama layer, attention and MLP forwards
+    """Whether the lean forward reproduces this layer's: transformers' own Llama or Qwen3 layer, attention and MLP
+    forwards
     (not patched at the class; the attention's may carry the ``kernels`` package's routing of the rotary embedding,
     :func:`_rope_function`), taking the cache as ``cache`` (transformers 5)."""
     import inspect
@@ -457,8 +483,9 @@ def _reproducible(layer: nn.Module) -> bool:
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if attn is None or mlp is None or getattr(attn, "config", None) is None:
         return False
-    own = (type(layer).forward, "LlamaDecoderLayer.forward"), (type(attn).forward, "LlamaAttention.forward"), \
-        (type(mlp).forward, "LlamaMLP.forward")
+    family = type(layer).__name__[: -len("DecoderLayer")]  # "Llama", "Qwen3"
+    own = (type(layer).forward, f"{family}DecoderLayer.forward"), (type(attn).forward, f"{family}Attention.forward"), \
+        (type(mlp).forward, f"{family}MLP.forward")
     if not all(_is_transformers(fn, modeling, name) for fn, name in own):
         return False
     # kernel functions routed by the kernels package: only the attention's rotary embedding is reproduced

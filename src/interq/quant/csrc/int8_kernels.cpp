@@ -2438,20 +2438,33 @@ std::vector<torch::Tensor> layer_linear(const torch::Tensor& x, int64_t kind, co
 }  // namespace
 
 // h [B, S, K] bf16 (contiguous) -> {q [B, S, H, D], k [B, S, Hkv, D] (rope_bf16's outputs), v [B * S, Hkv * D]}:
-// q, k, v = qkv(norm(h)), the rotary embedding of q and k by cos / sin; {} where the norm or the rotary embedding
-// met a NaN (their eager ops then decide: the caller takes the step-by-step path; nothing was written anywhere).
+// q, k, v = qkv(norm(h)), q and k normalized per head where qn_w / kn_w are given (Qwen3's q_norm / k_norm over
+// head_dim), then the rotary embedding of q and k by cos / sin; {} where a norm or the rotary embedding met a NaN
+// (their eager ops then decide: the caller takes the step-by-step path; nothing was written anywhere).
 std::vector<torch::Tensor> layer_attn_in(torch::Tensor h, torch::Tensor norm_w, double eps, int64_t lanes,
                                          int64_t kind, std::vector<torch::Tensor> lt, std::vector<int64_t> li,
+                                         c10::optional<torch::Tensor> qn_w, double qn_eps, int64_t qn_lanes,
+                                         c10::optional<torch::Tensor> kn_w, double kn_eps, int64_t kn_lanes,
                                          torch::Tensor cos, torch::Tensor sin, int64_t head_dim) {
   TORCH_CHECK(h.dim() == 3 && head_dim > 0, "layer_attn_in: h must be [B, S, K] and head_dim positive");
+  TORCH_CHECK(qn_w.has_value() == kn_w.has_value(), "layer_attn_in: give both q and k norms or neither");
   auto [x, nan] = rms_norm_bf16(h, norm_w, eps, lanes);
   if (nan) return {};
   const int64_t b = h.size(0), s = h.size(1);
   auto qkv = layer_linear(x.view({b * s, h.size(2)}), kind, lt, li);
   TORCH_CHECK(qkv.size() == 3, "layer_attn_in: the q|k|v linear must give three outputs, got ", qkv.size());
-  auto [q, k, rnan] = rope_bf16(qkv[0].view({b, s, -1, head_dim}), qkv[1].view({b, s, -1, head_dim}), cos, sin);
+  auto q = qkv[0].view({b, s, -1, head_dim}), k = qkv[1].view({b, s, -1, head_dim});
+  if (qn_w.has_value()) {
+    auto [qn, qnan] = rms_norm_bf16(q, *qn_w, qn_eps, qn_lanes);
+    if (qnan) return {};
+    auto [kn, knan] = rms_norm_bf16(k, *kn_w, kn_eps, kn_lanes);
+    if (knan) return {};
+    q = qn;
+    k = kn;
+  }
+  auto [qr, kr, rnan] = rope_bf16(q, k, cos, sin);
   if (rnan) return {};
-  return {q, k, qkv[2]};
+  return {qr, kr, qkv[2]};
 }
 
 // h [B, S, K] bf16 (contiguous), attn [B, S, H * Dv] (contiguous: the attention's output) -> {h1, out} with
