@@ -148,11 +148,11 @@ def _norm(norm: nn.Module):
 
 class _Linears:
     """One linear (or fused group) of a layer as the kernels' ``layer_attn_in`` / ``layer_attn_out`` take it:
-    ``spec(m, threads)`` -> (kind, tensors, ints) for an input of m rows, or None where the module's own forward
+    ``spec(m, key)`` -> (kind, tensors, ints) for an input of m rows, or None where the module's own forward
     would run another product (then the layer takes the step-by-step path). Kind 0: a W8A8 group whose forward
     makes one ``int8_linear_amx`` call (:func:`_int8_call`'s conditions); kind 1: :class:`PackedBf16Linear` modules
     without a bias whose product at m rows is interq's AMX-BF16 kernel (``product_choice``, asked once per row
-    count and thread count, as their forward asks it)."""
+    count, thread count and AMX switch: ``key``, as their forward asks it)."""
 
     def __init__(self, mods: list[nn.Module], n_out: int):
         from interq.quant.linear import FusedQuantLinear, FusedQuantSlice, QuantLinear
@@ -173,19 +173,19 @@ class _Linears:
               and _bf16_call(mods[0]) is not None):
             self.kind = 1
 
-    def spec(self, m: int, threads: int):
+    def spec(self, m: int, key: tuple):
         if self.kind == 0:
             b = self.buffers
             return 0, [b["weight_vnni"], b["weight_scale"]], self.ints
-        if self.kind is None:
+        if self.kind is None or not key[-1]:  # no AMX product: the module's forward takes another
             return None
-        kbs = self.kbs.get((m, threads))
+        kbs = self.kbs.get(key)
         if kbs is None:
             from interq.quant.packed_linear import PACKED_MAX_M, product_choice
 
             choices = [product_choice(mod.in_features, mod.out_features, False, m) if 0 < m <= PACKED_MAX_M
                        else ("linear", 0) for mod in self.mods]
-            kbs = self.kbs[(m, threads)] = [kb for _, kb in choices] if all(c == "amx" for c, _ in choices) else []
+            kbs = self.kbs[key] = [kb for _, kb in choices] if all(c == "amx" for c, _ in choices) else []
         if not kbs:
             return None
         return 1, [mod.amx_weight() for mod in self.mods], [v for mod, kb in zip(self.mods, kbs)
@@ -235,11 +235,9 @@ class _Fused:
         """The four linears' specs for m rows at the current thread count, or None (the step-by-step path)."""
         from interq.quant.packed_linear import _amx_on
 
-        threads = torch.get_num_threads()
-        specs = [lin.spec(m, threads) for lin in (self.qkv, self.o, self.gate_up, self.down)]
-        if any(sp is None for sp in specs) or (any(sp[0] == 1 for sp in specs) and not _amx_on()):
-            return None
-        return specs
+        key = (m, torch.get_num_threads(), _amx_on())
+        specs = [lin.spec(m, key) for lin in (self.qkv, self.o, self.gate_up, self.down)]
+        return None if any(sp is None for sp in specs) else specs
 
 
 def _fused(layer: nn.Module, kernels_module) -> _Fused | None:
@@ -474,9 +472,8 @@ def _is_transformers(fn, modeling, name: str) -> bool:
 
 def _reproducible(layer: nn.Module) -> bool:
     """Whether the lean forward reproduces this layer's: transformers' own Llama or Qwen3 layer, attention and MLP
-    forwards
-    (not patched at the class; the attention's may carry the ``kernels`` package's routing of the rotary embedding,
-    :func:`_rope_function`), taking the cache as ``cache`` (transformers 5)."""
+    forwards (not patched at the class; the attention's may carry the ``kernels`` package's routing of the rotary
+    embedding, :func:`_rope_function`), taking the cache as ``cache`` (transformers 5)."""
     import inspect
 
     modeling = sys.modules[type(layer).__module__]
