@@ -279,12 +279,39 @@ def test_a_deep_copy_runs_its_own_modules():
 
 
 def test_other_layer_classes_are_left_alone():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, attn_implementation="sdpa")
-    model = Qwen2ForCausalLM(cfg).eval()
+    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=4,
+                         num_experts_per_tok=2, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, attn_implementation="sdpa")
+    model = Qwen3MoeForCausalLM(cfg).eval()
     assert FL.install(model) == 0 and "forward" not in vars(model.model.layers[0])
+
+
+@pytest.mark.parametrize("executor", ["bf16", "w8a8-kv8", "w8a8"])
+@pytest.mark.parametrize("family,window", [("qwen2", None), ("qwen2", 4), ("mistral", None), ("mistral", 4)])
+def test_qwen2_and_mistral_engine_episodes_are_the_same_with_and_without_it(family, window, executor, monkeypatch):
+    """Qwen2 (q|k|v biases: each product called on its own) and Mistral layers, with and without a sliding window
+    (passed on to the attention function; Mistral's read from its config): the engine's episodes with the lean
+    forward, without the one-call halves, and with transformers' forward."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if window and executor == "w8a8-kv8":
+        pytest.skip("the 8-bit KV cache takes full-attention layers only (make_kv_cache says so)")
+    torch.manual_seed(0)
+    kw = dict(vocab_size=96, hidden_size=192, intermediate_size=256, num_hidden_layers=2, num_attention_heads=6,
+              num_key_value_heads=2, max_position_embeddings=2048, attn_implementation="sdpa")
+    if family == "qwen2":
+        extra = dict(use_sliding_window=True, sliding_window=window, max_window_layers=1) if window else {}
+        model = Qwen2ForCausalLM(Qwen2Config(**kw, **extra))
+    else:
+        model = MistralForCausalLM(MistralConfig(**kw, head_dim=32, sliding_window=window))
+    qcfg = {"bf16": BF16_EXECUTOR, "w8a8-kv8": QuantConfig(), "w8a8": QuantConfig(kv_format="none")}[executor]
+    model = set_rollout_attention(make_executor(model.bfloat16().eval().requires_grad_(False), qcfg), "sdpa_packed")
+    assert all("forward" in vars(layer) for layer in model.model.layers)
+    fused = True if family == "mistral" and _amx_kernels() else None  # Qwen2's biases: no one-call halves
+    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None,
+                 fused=False if family == "qwen2" else fused)
 
 
 def _qwen3(hidden=192, heads=6, kv_heads=2, head_dim=32, window=None, seed=0):

@@ -1,4 +1,4 @@
-"""A lean forward for a rollout executor's Llama and Qwen3 decoder layers: the same operations, fewer Python calls.
+"""A lean forward for a rollout executor's Llama-like decoder layers: the same operations, fewer Python calls.
 
 At a rollout's sizes (SmolLM2-135M, 16 rows, one new token per row) a decode step is dominated by per-call
 overhead, not arithmetic: with the same 30 layers at a tiny width a step still took 38-45 ms on one core
@@ -7,8 +7,9 @@ calls per layer (each ``Module.__call__`` with its hook checks, two with a depre
 q|k|v and gate|up groups of the int8 executor hand their members' outputs out one module call at a time, and the
 rotary embedding is ten eager ops (``q * cos + rotate_half(q) * sin`` for q and k).
 
-:func:`install` gives each ``LlamaDecoderLayer`` / ``Qwen3DecoderLayer`` of a model (:data:`LAYER_CLASSES`; Qwen3's
-attention also normalizes q and k per head) an instance ``forward`` that calls its submodules'
+:func:`install` gives each Llama, Qwen3, Qwen2 or Mistral decoder layer of a model (:data:`LAYER_CLASSES`: Llama's layer
+and MLP; Qwen3's attention also normalizes q and k per head, Qwen2's, Qwen3's and Mistral's pass a sliding window on)
+an instance ``forward`` that calls its submodules'
 ``forward`` directly in transformers' order, runs a fused q|k|v (gate|up) group in one call, and the rotary
 embedding of bf16 CPU heads by interq's ``rope_bf16`` kernel (the eager ops' roundings: both products and their sum
 rounded to bf16; eager where an output is NaN). Every value is the eager layer's, bit for bit (tested: the engine's
@@ -39,9 +40,10 @@ from torch import nn
 
 from interq.rollout import attention as A
 
-# whose forward (transformers 5) the lean forward reproduces: Llama's, and Qwen3's (the same layer and MLP; its
-# attention normalizes q and k per head before the rotary embedding and passes its sliding window on)
-LAYER_CLASSES = ("LlamaDecoderLayer", "Qwen3DecoderLayer")
+# whose forward (transformers 5) the lean forward reproduces: Llama's, and those with Llama's layer and MLP whose
+# attention differs from Llama's only in what _Plan reads: Qwen2 and Mistral pass a sliding window on to the attention
+# function (Qwen2's q|k|v have biases), Qwen3 also normalizes q and k per head before the rotary embedding
+LAYER_CLASSES = ("LlamaDecoderLayer", "Qwen3DecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
 _STATE = {"enabled": os.environ.get("INTERQ_FAST_LAYERS", "1").strip().lower() not in ("0", "off", "false", "no"),
           "fused": True}
 _KNOWN_KWARGS = frozenset({"cache_position"})  # other arguments the layer may take and passes on unchanged
@@ -367,10 +369,14 @@ class _Plan:
         self.gate_up = _project([mlp.gate_proj, mlp.up_proj])
         self.norm1, self.norm2 = _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm)
         self.o_proj, self.down = _project([attn.o_proj]), _project([mlp.down_proj])
-        # Qwen3: q and k normalized per head (over head_dim) before the rotary embedding; its sliding window
+        # Qwen3: q and k normalized per head (over head_dim) before the rotary embedding
         qk_norms = attn._modules.get("q_norm"), attn._modules.get("k_norm")
         self.qk_norm = tuple(_norm(m) for m in qk_norms) if qk_norms[0] is not None else None
-        self.window = {"sliding_window": attn.sliding_window} if hasattr(attn, "sliding_window") else {}
+        # the sliding window the attention passes on: Qwen2's and Qwen3's attribute, Mistral's config (read per call)
+        family = type(layer).__name__[: -len("DecoderLayer")]
+        self.window = ((lambda: {"sliding_window": attn.sliding_window}) if family in ("Qwen2", "Qwen3")
+                       else (lambda: {"sliding_window": getattr(attn.config, "sliding_window", None)})
+                       if family == "Mistral" else dict)
         self.act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
         modeling = sys.modules[type(attn).__module__]
         # interq's rope kernel only in place of transformers' own function (not of a patched one)
@@ -444,13 +450,14 @@ def _lean_forward(layer, *args, **kwargs):
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=passed)
     impl = attn.config._attn_implementation
+    window = plan.window()
     out = None
     if (s == 1 and impl == A.NAME and attn.num_key_value_groups > 1
-            and plan.window.get("sliding_window") is None):  # sdpa_packed's one-call decode, directly
+            and window.get("sliding_window") is None):  # sdpa_packed's one-call decode, directly
         out = A.flash_decode_rows(q, k, v, attention_mask, attn.scaling, attn.num_key_value_groups)
     if out is None:
         attention = plan.attention_functions.get_interface(impl, plan.eager_attention)
-        out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **plan.window, **passed)
+        out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **window, **passed)
         out = out.reshape(b, s, -1).contiguous()
     if specs is not None and out.is_contiguous():  # o_proj, residual, norm, gate|up, SiLU, down, residual
         (w2, eps2, lanes2) = fused.norm2
@@ -471,8 +478,8 @@ def _is_transformers(fn, modeling, name: str) -> bool:
 
 
 def _reproducible(layer: nn.Module) -> bool:
-    """Whether the lean forward reproduces this layer's: transformers' own Llama or Qwen3 layer, attention and MLP
-    forwards (not patched at the class; the attention's may carry the ``kernels`` package's routing of the rotary
+    """Whether the lean forward reproduces this layer's: transformers' own layer, attention and MLP forwards of a
+    family of :data:`LAYER_CLASSES` (not patched at the class; the attention's may carry the ``kernels`` package's routing of the rotary
     embedding, :func:`_rope_function`), taking the cache as ``cache`` (transformers 5)."""
     import inspect
 
@@ -480,7 +487,7 @@ def _reproducible(layer: nn.Module) -> bool:
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if attn is None or mlp is None or getattr(attn, "config", None) is None:
         return False
-    family = type(layer).__name__[: -len("DecoderLayer")]  # "Llama", "Qwen3"
+    family = type(layer).__name__[: -len("DecoderLayer")]  # "Llama", "Qwen3", "Qwen2", "Mistral"
     own = (type(layer).forward, f"{family}DecoderLayer.forward"), (type(attn).forward, f"{family}Attention.forward"), \
         (type(mlp).forward, f"{family}MLP.forward")
     if not all(_is_transformers(fn, modeling, name) for fn, name in own):
