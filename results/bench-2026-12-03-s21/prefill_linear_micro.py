@@ -30,5 +30,5 @@ for name, mi, mb, k in (("qkv", [li.self_attn.q_proj, li.self_attn.k_proj, li.se
         b = t(lambda: [torch.nn.functional.linear(x, mm.weight) for mm in mb])
         q = t(lambda: mod.quant_act_int8(x, 127))
     gops = 2 * m * k * n_out / 1e9
-    print(f"M {m} {name:8s} int8 kernel {a:7.2f} ms ({gops / a:5.0f} GOP/s)  bf16 F.linear {b:7.2f} ms ({gops / b:5.0f})"
+    print(f"M {m} {name:8s} int8 kernel {a:7.2f} ms ({gops / a * 1e3:5.0f} GOP/s)  bf16 F.linear {b:7.2f} ms ({gops / b * 1e3:5.0f})"
           f"  quant_act_int8 alone {q:5.2f} ms", flush=True)
