@@ -505,3 +505,59 @@ def test_other_kernel_functions_leave_the_layer_alone():
     vars(layer.self_attn)["_kernel_funcs"] = {**funcs, "other": next(iter(funcs.values()))}
     del layer.forward
     assert FL.install(layer) == 0
+
+
+def _layer_and_input(qcfg=BF16_EXECUTOR):
+    model = set_rollout_attention(make_executor(_tiny(), qcfg), "sdpa_packed")
+    layer = model.model.layers[0]
+    x = torch.randn(3, 4, 192, generator=torch.Generator().manual_seed(4)).bfloat16()  # 4 tokens: q and k matter
+    return model, layer, x, model.model.rotary_emb(x, torch.arange(4)[None].expand(3, 4))
+
+
+def _transformers_forward(layer, x, pos):
+    try:
+        FL.use_fast_layers(False)
+        return layer(x, position_embeddings=pos)
+    finally:
+        FL.use_fast_layers(True)
+
+
+@pytest.mark.parametrize("qcfg", [BF16_EXECUTOR, QuantConfig()], ids=["bf16", "w8a8"])
+@pytest.mark.parametrize("part", ["act_fn", "post_attention_layernorm", "down_proj", "q_proj"])
+def test_a_forward_patched_on_a_part_after_the_first_call_is_called(qcfg, part, monkeypatch):
+    """An instance ``forward`` given to a submodule after the layer ran (``kernels.kernelize``, another library's
+    patch) is called by the lean forward too, fused halves or not (the plan is gathered again)."""
+    model, layer, x, pos = _layer_and_input(qcfg)
+    with torch.inference_mode():
+        layer(x, position_embeddings=pos)
+        owner = {"act_fn": layer.mlp, "down_proj": layer.mlp, "q_proj": layer.self_attn}.get(part, layer)
+        module = getattr(owner, part)
+        own = type(module).forward
+        module.forward = lambda t, m=module: own(m, t) * 2  # visibly other values
+        try:
+            ref = _transformers_forward(layer, x, pos)
+            assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(ref))
+        finally:
+            del module.forward
+        assert not torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(ref))
+
+
+def test_a_rope_function_replaced_after_install_is_called_and_never_crashes(monkeypatch):
+    """The modeling module's rotary function replaced after install (before or after the first call), or the
+    attention given another routed function: the layer still runs, with transformers' values."""
+    model, layer, x, pos = _layer_and_input()
+    with torch.inference_mode():
+        layer(x, position_embeddings=pos)
+        real = ML.apply_rotary_pos_emb
+        monkeypatch.setattr(ML, "apply_rotary_pos_emb", lambda q, k, cos, sin, *a, **kw: (q * 2, k))
+        ref = _transformers_forward(layer, x, pos)
+        assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(ref))
+        monkeypatch.setattr(ML, "apply_rotary_pos_emb", real)
+        funcs = vars(layer.self_attn).get("_kernel_funcs")
+        if funcs:  # the kernels package: a second routed function after the first call hands over
+            funcs["other"] = next(iter(funcs.values()))
+            try:
+                ref = _transformers_forward(layer, x, pos)
+                assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(ref))
+            finally:
+                del funcs["other"]

@@ -224,3 +224,22 @@ def test_an_executor_built_under_inference_mode_runs_and_equals_one_built_outsid
     assert not any(isinstance(m, PackedBf16Linear) for m in inside.modules())
     with torch.no_grad():
         assert torch.equal(logits, make_executor(learner, qcfg)(input_ids=ids).logits)
+
+
+def test_a_new_weight_parameter_is_packed_again():
+    """A new Parameter put in place of the weight (its version counter may equal the old one's) is packed again:
+    the module's output is F.linear's with the new weight."""
+    from interq.quant.packed_linear import PackedBf16Linear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48, bias=False).bfloat16().requires_grad_(False)
+    mod = PackedBf16Linear.from_linear(lin)
+    if mod is None:
+        pytest.skip("no packed product on this CPU")
+    x = torch.randn(4, 64).bfloat16()
+    mod(x)
+    mod.weight = torch.nn.Parameter(torch.randn(48, 64).bfloat16(), requires_grad=False)
+    assert torch.equal(mod(x), torch.nn.functional.linear(x, mod.weight))
+    with torch.no_grad():
+        mod.weight.data = torch.randn(48, 64).bfloat16()  # new data under the same Parameter (as module.to does)
+    assert torch.equal(mod(x), torch.nn.functional.linear(x, mod.weight))

@@ -184,9 +184,10 @@ class PackedBf16Linear(nn.Module):
         self.weight = linear.weight  # the same Parameter objects: ties and weight sync see one tensor
         self.bias = linear.bias
         self._packed: torch.Tensor | None = None  # an opaque oneDNN tensor: neither a buffer nor copied
-        self._packed_version = -1
+        self._packed_version = (None, -1, 0)  # (the weight packed, its version, its data pointer): packed again after
+        # an in-place write, for a new Parameter, or new data (module.to)
         self._amx: torch.Tensor | None = None  # the AMX-BF16 layout (pack_bf16_amx), made when first used
-        self._amx_version = -1
+        self._amx_version = (None, -1, 0)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedBf16Linear | None:
@@ -204,22 +205,24 @@ class PackedBf16Linear(nn.Module):
 
     def __getstate__(self):  # deepcopy / pickle: the packed copy is derived (and opaque); packed again when used
         state = self.__dict__.copy()
-        state["_packed"], state["_packed_version"] = None, -1
-        state["_amx"], state["_amx_version"] = None, -1
+        state["_packed"], state["_packed_version"] = None, (None, -1, 0)
+        state["_amx"], state["_amx_version"] = None, (None, -1, 0)
         return state
 
     def packed_weight(self) -> torch.Tensor:
-        """The packed copy, made again after any in-place write to the weight (a weight sync)."""
-        version = self.weight._version
-        if self._packed is None or self._packed_version != version:
-            self._packed, self._packed_version = _pack(self.weight), version
+        """The packed copy, made again after any in-place write to the weight (a weight sync) or a new weight."""
+        w = self.weight
+        src, version, ptr = self._packed_version
+        if self._packed is None or src is not w or version != w._version or ptr != w.data_ptr():
+            self._packed, self._packed_version = _pack(w), (w, w._version, w.data_ptr())
         return self._packed
 
     def amx_weight(self) -> torch.Tensor:
-        """The AMX-BF16 layout of the weight, made again after any in-place write to it."""
-        version = self.weight._version
-        if self._amx is None or self._amx_version != version:
-            self._amx, self._amx_version = pack_bf16_amx(self.weight), version
+        """The AMX-BF16 layout of the weight, made again after any in-place write to it or a new weight."""
+        w = self.weight
+        src, version, ptr = self._amx_version
+        if self._amx is None or src is not w or version != w._version or ptr != w.data_ptr():
+            self._amx, self._amx_version = pack_bf16_amx(w), (w, w._version, w.data_ptr())
         return self._amx
 
     def product(self, x: torch.Tensor) -> tuple[str, int, int]:

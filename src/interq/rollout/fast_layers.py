@@ -103,12 +103,21 @@ def _bf16_call(module: nn.Module):
     return call
 
 
+def _patched(module) -> bool:
+    """Whether the module was given an instance ``forward`` (``kernels.kernelize``, another library's patch): then
+    that forward is called, never a kernel in its place."""
+    return module is not None and "forward" in module.__dict__
+
+
 def _project(mods: list[nn.Module]):
     """x [B, S, K] -> one output per module of ``mods`` ([B, S, N_i], or [B * S, N_i] from the int8 kernel): the
     int8 executor's fused group in one call where ``mods`` are all its members in order, else each module's own."""
     from interq.quant.linear import FusedQuantSlice
 
     group = getattr(mods[0], "group", None)
+    if any(_patched(m) for m in (*mods, group)):
+        forwards = [m.forward for m in mods]
+        return forwards[0] if len(mods) == 1 else (lambda x: tuple(f(x) for f in forwards))
     if (all(isinstance(m, FusedQuantSlice) and m.group is group for m in mods)
             and [m.index for m in mods] == list(range(len(group.sizes)))):
         call = _int8_call(group, list(group.sizes))
@@ -134,7 +143,7 @@ def _norm(norm: nn.Module):
 
     forward = norm.forward
     mod = kernels.get()
-    if type(norm) is not FusedRMSNorm or mod is None or norm.weight.dtype != torch.bfloat16:
+    if type(norm) is not FusedRMSNorm or mod is None or norm.weight.dtype != torch.bfloat16 or _patched(norm):
         return forward
     params, eps, lanes = norm._parameters, float(norm.variance_epsilon), norm.lanes
 
@@ -162,6 +171,8 @@ class _Linears:
 
         self.kind, self.ints, self.mods, self.kbs = None, None, mods, {}
         group = getattr(mods[0], "group", None)
+        if any(_patched(m) for m in (*mods, group)):
+            return
         if (len(mods) == n_out and all(isinstance(m, FusedQuantSlice) and m.group is group for m in mods)
                 and [m.index for m in mods] == list(range(len(group.sizes))) and type(group) is FusedQuantLinear
                 and _int8_call(group, list(group.sizes)) is not None):
@@ -204,7 +215,8 @@ def _fused_norm(norm: nn.Module):
     """(the module's parameters, eps, lanes) of a fused RMSNorm whose forward calls ``rms_norm_bf16``, else None."""
     from interq.quant.rms_norm import FusedRMSNorm
 
-    if type(norm) is not FusedRMSNorm or norm.weight.dtype != torch.bfloat16 or norm.weight.device.type != "cpu":
+    if (type(norm) is not FusedRMSNorm or norm.weight.dtype != torch.bfloat16 or norm.weight.device.type != "cpu"
+            or _patched(norm)):
         return None
     return norm._parameters, float(norm.variance_epsilon), norm.lanes
 
@@ -259,19 +271,20 @@ def _fused(layer: nn.Module, kernels_module) -> _Fused | None:
     return _Fused(kernels_module, norms, linears, qk_norms)
 
 
-_POSITIONS: list = [None, None, None, False]  # the last (cos, sin, rows) asked of _rope_takes, and its answer
+_POSITIONS: list = [(None, None, None, False)]  # the last (cos, sin, shape) asked of _rope_takes and its answer,
+# one tuple replaced whole (a reader never sees one call's tensors with another's answer)
 
 
 def _rope_takes(cos: torch.Tensor, sin: torch.Tensor, b: int, s: int, d: int) -> bool:
     """Whether ``rope_bf16`` takes these position embeddings for q / k heads [b, s, *, d] (the conditions of
     :func:`_rope` on cos and sin; every layer of a forward asks of the same tensors: the answer is kept)."""
-    last = _POSITIONS
+    last = _POSITIONS[0]
     if last[0] is cos and last[1] is sin and last[2] == (b, s, d):
         return last[3]
     ok = (cos.device.type == "cpu" and cos.dtype == sin.dtype == torch.bfloat16 and cos.dim() == 3
           and cos.shape == sin.shape and cos.is_contiguous() and sin.is_contiguous() and cos.shape[0] in (1, b)
           and cos.shape[1:] == (s, d) and d % 2 == 0)
-    _POSITIONS[:] = [cos, sin, (b, s, d), ok]
+    _POSITIONS[0] = (cos, sin, (b, s, d), ok)
     return ok
 
 
@@ -318,12 +331,17 @@ _NO_FUNCS: dict = {}
 
 
 def _parts(layer: nn.Module) -> tuple:
-    """The submodules the lean forward calls, read from the modules' own registries (cheap enough for every call),
-    and the attention's own copies of kernel functions (:func:`_rope_function`)."""
+    """What the plan depends on, read from the modules' own registries (cheap enough for every call): the submodules
+    the lean forward calls and any instance ``forward`` given to them later (``kernels.kernelize``, another library's
+    patch), the modeling module's rotary function, and the attention's own copies of kernel functions
+    (:func:`_rope_function`)."""
     attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
     owner = {"self_attn": attn, "mlp": mlp}
-    return (attn, mlp, *((owner[p[0]] if len(p) == 2 else layer)._modules.get(p[-1]) for p in _PARTS),
-            *attn.__dict__.get("_kernel_funcs", _NO_FUNCS).values())
+    mods = (attn, mlp, *((owner[p[0]] if len(p) == 2 else layer)._modules.get(p[-1]) for p in _PARTS))
+    funcs = attn.__dict__.get("_kernel_funcs", _NO_FUNCS).values()
+    return (*mods, *(m.__dict__.get("forward") if m is not None else None for m in mods),
+            getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None), *funcs,
+            *(f.__dict__.get("forward") for f in funcs))
 
 
 def _kernel_func_name(fn) -> str | None:
@@ -379,8 +397,11 @@ class _Plan:
                        if family == "Mistral" else dict)
         self.act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
         modeling = sys.modules[type(attn).__module__]
-        # interq's rope kernel only in place of transformers' own function (not of a patched one)
-        self.rope_eager, self.rope_kernel = _rope_function(attn, modeling)
+        # interq's rope kernel only in place of transformers' own function (not of a patched one); None: the
+        # attention routes functions this code does not reproduce (since install): every call hands over
+        rope = _rope_function(attn, modeling)
+        self.handover = rope is None
+        self.rope_eager, self.rope_kernel = rope or (modeling.apply_rotary_pos_emb, False)
         # a function module (kernels package): whether kernelize gave it a forward of its own, looked up per call
         self.rope_state = self.rope_eager.__dict__ if isinstance(self.rope_eager, nn.Module) else _NO_FUNCS
         self.eager_attention = modeling.eager_attention_forward
@@ -410,10 +431,12 @@ _LAYER_ARGS = ("attention_mask", "position_ids", "cache", "use_cache", "position
 def _lean_forward(layer, *args, **kwargs):
     """A ``LlamaDecoderLayer``'s forward with fewer calls (see the module docstring); bound to the layer by
     :func:`install`. Takes transformers' forward, with the arguments as given, wherever it could differ."""
+    if not _STATE["enabled"]:
+        return type(layer).forward(layer, *args, **kwargs)
     plan = _plan(layer)
     hidden_states = args[0] if len(args) == 1 else None
     position_embeddings = kwargs.get("position_embeddings")
-    if (not _STATE["enabled"] or hidden_states is None or position_embeddings is None
+    if (plan.handover or hidden_states is None or position_embeddings is None
             or not _KNOWN_KWARGS.issuperset(k for k in kwargs if k not in _LAYER_ARGS)
             or layer.training or plan.attn.training or (torch.is_grad_enabled() and hidden_states.requires_grad)
             or _hooked(plan.mods)):
