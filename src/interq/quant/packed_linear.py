@@ -209,21 +209,23 @@ class PackedBf16Linear(nn.Module):
         state["_amx"], state["_amx_version"] = None, (None, -1, 0)
         return state
 
-    def packed_weight(self) -> torch.Tensor:
-        """The packed copy, made again after any in-place write to the weight (a weight sync) or a new weight."""
+    def _current(self, name: str, pack) -> torch.Tensor:
+        """The derived copy kept under ``name``, made again by ``pack(weight)`` after an in-place write to the weight
+        (a weight sync), for a new weight Parameter, or new data under it."""
         w = self.weight
-        src, version, ptr = self._packed_version
-        if self._packed is None or src is not w or version != w._version or ptr != w.data_ptr():
-            self._packed, self._packed_version = _pack(w), (w, w._version, w.data_ptr())
-        return self._packed
+        src, version, ptr = getattr(self, name + "_version")
+        if getattr(self, name) is None or src is not w or version != w._version or ptr != w.data_ptr():
+            setattr(self, name, pack(w))
+            setattr(self, name + "_version", (w, w._version, w.data_ptr()))
+        return getattr(self, name)
+
+    def packed_weight(self) -> torch.Tensor:
+        """The packed copy for oneDNN, kept current (:meth:`_current`)."""
+        return self._current("_packed", _pack)
 
     def amx_weight(self) -> torch.Tensor:
-        """The AMX-BF16 layout of the weight, made again after any in-place write to it or a new weight."""
-        w = self.weight
-        src, version, ptr = self._amx_version
-        if self._amx is None or src is not w or version != w._version or ptr != w.data_ptr():
-            self._amx, self._amx_version = pack_bf16_amx(w), (w, w._version, w.data_ptr())
-        return self._amx
+        """The AMX-BF16 layout of the weight, kept current (:meth:`_current`)."""
+        return self._current("_amx", pack_bf16_amx)
 
     def product(self, x: torch.Tensor) -> tuple[str, int, int]:
         """(product, kb, rows) for input x: ``"amx"`` / ``"onednn"`` with :func:`product_choice`'s K blocking, or

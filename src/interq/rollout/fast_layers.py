@@ -62,7 +62,6 @@ def _int8_call(module: nn.Module, sizes: list[int]):
     whose forward would make that same call (:func:`interq.quant.linear.amx_linear`: its module-side conditions
     checked here once, its input-side ones per call); None for other modules."""
     from interq.quant import kernels
-    from interq.quant.config import int_qmax
     from interq.quant.linear import amx_linear_applies, amx_linear_takes
 
     mod = kernels.get()
@@ -71,7 +70,7 @@ def _int8_call(module: nn.Module, sizes: list[int]):
             or not amx_linear_applies(module.weight_q, getattr(module, "weight_vnni", None), module.bias,
                                       qcfg.a_int8_rounding, getattr(module, "int8_backend", None) == "amx")):
         return None
-    k, qmax, buffers = module.in_features, int_qmax(qcfg.a_bits), module._buffers
+    k, qmax, buffers = module.in_features, _qmax(module), module._buffers
 
     def call(x):
         if not amx_linear_takes(x):
@@ -109,17 +108,25 @@ def _patched(module) -> bool:
     return module is not None and "forward" in module.__dict__
 
 
-def _project(mods: list[nn.Module]):
-    """x [B, S, K] -> one output per module of ``mods`` ([B, S, N_i], or [B * S, N_i] from the int8 kernel): the
-    int8 executor's fused group in one call where ``mods`` are all its members in order, else each module's own."""
+def _whole_group(mods: list[nn.Module]):
+    """The int8 executor's fused group whose members ``mods`` are, all of them in order; else None."""
     from interq.quant.linear import FusedQuantSlice
 
     group = getattr(mods[0], "group", None)
-    if any(_patched(m) for m in (*mods, group)):
-        forwards = [m.forward for m in mods]
-        return forwards[0] if len(mods) == 1 else (lambda x: tuple(f(x) for f in forwards))
     if (all(isinstance(m, FusedQuantSlice) and m.group is group for m in mods)
             and [m.index for m in mods] == list(range(len(group.sizes)))):
+        return group
+    return None
+
+
+def _project(mods: list[nn.Module]):
+    """x [B, S, K] -> one output per module of ``mods`` ([B, S, N_i], or [B * S, N_i] from the int8 kernel): the
+    int8 executor's fused group in one call where ``mods`` are all its members in order, else each module's own."""
+    if any(_patched(m) for m in (*mods, getattr(mods[0], "group", None))):
+        forwards = [m.forward for m in mods]
+        return forwards[0] if len(mods) == 1 else (lambda x: tuple(f(x) for f in forwards))
+    group = _whole_group(mods)
+    if group is not None:
         call = _int8_call(group, list(group.sizes))
         if call is None:
             return group.forward
@@ -139,13 +146,12 @@ def _project(mods: list[nn.Module]):
 def _norm(norm: nn.Module):
     """x -> the norm's output: the fused RMSNorm's kernel called directly where its forward would call it."""
     from interq.quant import kernels
-    from interq.quant.rms_norm import FusedRMSNorm, kernel_takes
+    from interq.quant.rms_norm import kernel_takes
 
-    forward = norm.forward
-    mod = kernels.get()
-    if type(norm) is not FusedRMSNorm or mod is None or norm.weight.dtype != torch.bfloat16 or _patched(norm):
+    forward, mod, fused = norm.forward, kernels.get(), _fused_norm(norm)
+    if mod is None or fused is None:
         return forward
-    params, eps, lanes = norm._parameters, float(norm.variance_epsilon), norm.lanes
+    params, eps, lanes = fused
 
     def call(x):
         weight = params["weight"]
@@ -166,15 +172,14 @@ class _Linears:
     count, thread count and AMX switch: ``key``, as their forward asks it)."""
 
     def __init__(self, mods: list[nn.Module], n_out: int):
-        from interq.quant.linear import FusedQuantLinear, FusedQuantSlice, QuantLinear
+        from interq.quant.linear import FusedQuantLinear, QuantLinear
         from interq.quant.packed_linear import PackedBf16Linear
 
         self.kind, self.ints, self.mods, self.kbs = None, None, mods, {}
-        group = getattr(mods[0], "group", None)
-        if any(_patched(m) for m in (*mods, group)):
+        if any(_patched(m) for m in (*mods, getattr(mods[0], "group", None))):
             return
-        if (len(mods) == n_out and all(isinstance(m, FusedQuantSlice) and m.group is group for m in mods)
-                and [m.index for m in mods] == list(range(len(group.sizes))) and type(group) is FusedQuantLinear
+        group = _whole_group(mods)
+        if (len(mods) == n_out and type(group) is FusedQuantLinear
                 and _int8_call(group, list(group.sizes)) is not None):
             self.kind, self.buffers = 0, group._buffers
             self.ints = [_qmax(group), *group.sizes]
@@ -226,8 +231,8 @@ def _plain_silu(act) -> bool:
     from transformers.activations import SiLUActivation
 
     if type(act) is SiLUActivation:
-        return type(act).forward is SiLUActivation.__dict__.get("forward") and "forward" not in vars(act)
-    return type(act) is nn.SiLU and not act.inplace and "forward" not in vars(act)
+        return type(act).forward is SiLUActivation.__dict__.get("forward") and not _patched(act)
+    return type(act) is nn.SiLU and not act.inplace and not _patched(act)
 
 
 class _Fused:
@@ -276,8 +281,9 @@ _POSITIONS: list = [(None, None, None, False)]  # the last (cos, sin, shape) ask
 
 
 def _rope_takes(cos: torch.Tensor, sin: torch.Tensor, b: int, s: int, d: int) -> bool:
-    """Whether ``rope_bf16`` takes these position embeddings for q / k heads [b, s, *, d] (the conditions of
-    :func:`_rope` on cos and sin; every layer of a forward asks of the same tensors: the answer is kept)."""
+    """Whether ``rope_bf16`` takes these position embeddings for bf16 q / k heads [b, s, *, d] (:func:`_rope`'s and
+    the one-call first half's conditions on cos and sin; every layer of a forward asks of the same tensors: the
+    answer is kept)."""
     last = _POSITIONS[0]
     if last[0] is cos and last[1] is sin and last[2] == (b, s, d):
         return last[3]
@@ -303,10 +309,9 @@ def _rope(eager, q, k, cos, sin):
 
     mod = kernels.get()
     if (mod is not None and hasattr(mod, "rope_bf16") and q.device.type == "cpu"
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) and q.dtype == k.dtype == cos.dtype
-            == sin.dtype == torch.bfloat16 and cos.dim() == 3 and cos.shape == sin.shape and cos.is_contiguous()
-            and sin.is_contiguous() and cos.shape[0] in (1, q.shape[0]) and cos.shape[1:] == (q.shape[1], q.shape[3])
-            and q.shape[3] % 2 == 0 and q.is_contiguous() and k.is_contiguous()):
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+            and q.dtype == k.dtype == torch.bfloat16 and q.is_contiguous() and k.is_contiguous()
+            and _rope_takes(cos, sin, q.shape[0], q.shape[1], q.shape[3])):
         qo, ko, nan = mod.rope_bf16(q, k, cos, sin)
         if not nan:
             return _rope_layout(qo, ko)
