@@ -34,7 +34,7 @@ from interq.machine import describe, load_avg, machine_info, resolve_device, syn
 from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_token, make_executor, make_kv_cache,
                           sync_weights)
 from interq.quant import kernels
-from interq.quant.linear import amx_available
+from interq.quant.linear import amx_available, resolve_int8_backend
 from interq.quant.testing import tiny_causal_lm
 from interq.rollout.attention import ATTENTION_CHOICES, set_rollout_attention
 
@@ -216,7 +216,7 @@ def main() -> None:
     ap.add_argument("--speed-arms", default="all", help="'all', or a comma-separated subset of the speed arms: bf16, "
                     "w8a8_kv8, w8a8_bf16kv, w8a8_kv8_unfused, w8a8_kv8_codes (the cache holding int8 codes, "
                     "dequantized on every read), w8a8_kv8_keepdq, w8a8_kv8_int_mm, w8a8_kv8_vnni (on AMX CPUs, where "
-                    "auto is amx), w8a8_kv8_eager (the executor without its fused CPU kernels), bf16_unpacked (the "
+                    "auto is amx), w8a8_kv8_fp32_exact (on AVX2 CPUs, where auto is avx2), w8a8_kv8_eager (the executor without its fused CPU kernels), bf16_unpacked (the "
                     "bf16 executor without its linears packed for oneDNN)")
     ap.add_argument("--attention", default="sdpa_packed", choices=list(ATTENTION_CHOICES),
                     help="the speed arms' attention (rollout.attention; default: the rollout's default)")
@@ -271,8 +271,9 @@ def main() -> None:
         # the executor as make_executor builds it (q|k|v and gate|up fused, int8_backend 'auto', the cache holding
         # the dequantized values), and variants: a bf16 cache, one QuantLinear per linear (the unfused path,
         # bit-identical), the cache holding int8 codes dequantized on every read, or codes and a dequantized copy
-        # (both bit-identical), the torch._int_mm backend forced (and the vnni one on AMX CPUs, where auto is amx),
-        # the bf16 executor without its linears packed for oneDNN (interq.quant.packed_linear)
+        # (both bit-identical), the torch._int_mm backend forced (and the vnni one on AMX CPUs, where auto is amx;
+        # fp32_exact where auto is avx2), the bf16 executor without its linears packed for oneDNN
+        # (interq.quant.packed_linear)
         variants = {
             "bf16_unpacked": lambda: (make_executor(learner, BF16_EXECUTOR, pack_bf16=False), BF16_EXECUTOR),
             "w8a8_bf16kv": lambda: (make_executor(learner, QuantConfig(kv_format="none")), QuantConfig(kv_format="none")),
@@ -281,6 +282,7 @@ def main() -> None:
             "w8a8_kv8_keepdq": lambda: (exe_q, qcfg, {"keep_dequantized": True}),
             "w8a8_kv8_int_mm": lambda: (make_executor(learner, qcfg, int8_backend="int_mm"), qcfg),
             "w8a8_kv8_vnni": lambda: (make_executor(learner, qcfg, int8_backend="vnni"), qcfg),
+            "w8a8_kv8_fp32_exact": lambda: (make_executor(learner, qcfg, int8_backend="fp32_exact"), qcfg),
             "w8a8_kv8_eager": lambda: (exe_q, qcfg, {"cpu_kernels": False}),
         }
         wanted = set(variants) | {"bf16", "w8a8_kv8"} if args.speed_arms == "all" else set(args.speed_arms.split(","))
@@ -291,6 +293,8 @@ def main() -> None:
             wanted.discard("w8a8_kv8_int_mm")
         if not amx_available()[0] or dev.type != "cpu":  # elsewhere auto is vnni (the main arm) or vnni cannot run
             wanted.discard("w8a8_kv8_vnni")
+        if resolve_int8_backend("auto", dev) != "avx2":  # fp32_exact: what auto was on AVX2 CPUs before the avx2 kernel
+            wanted.discard("w8a8_kv8_fp32_exact")
         arms = {"bf16": (exe_b, BF16_EXECUTOR), "w8a8_kv8": (exe_q, qcfg)}
         arms.update({k: f() for k, f in variants.items() if k in wanted})
         for arm in arms.values():  # the rollout's attention (the numerics above read padded rows: the same values)
@@ -324,6 +328,7 @@ def main() -> None:
                     name = {"w8a8_kv8": "int8", "w8a8_bf16kv": "int8_bf16kv", "w8a8_kv8_int_mm": "int8_int_mm",
                             "w8a8_kv8_unfused": "int8_unfused", "w8a8_kv8_keepdq": "int8_keepdq",
                             "w8a8_kv8_codes": "int8_codes", "w8a8_kv8_vnni": "int8_vnni",
+                            "w8a8_kv8_fp32_exact": "int8_fp32_exact",
                             "bf16_unpacked": "bf16_unpacked",
                             "w8a8_kv8_eager": "int8_eager"}[arm]
                     result[f"{name}_over_bf16_decode_bs{b}"] = round(speed[f"bs{b}"][arm] / speed[f"bs{b}"]["bf16"], 3)

@@ -85,7 +85,7 @@ def test_int8_accumulate_takes_amx_where_k_allows_and_the_vnni_path_elsewhere(k)
     for m in (3, 300):
         a = _codes((m, k), m)
         ref = torch.nn.functional.pad(a, (0, kp - k)).long() @ w.long()
-        assert torch.equal(int8_accumulate(a, w, vnni=vnni_pack(w), amx=True).long(), ref)
+        assert torch.equal(int8_accumulate(a, w, vnni=vnni_pack(w), backend="amx").long(), ref)
 
 
 @needs_amx
@@ -107,7 +107,7 @@ def test_int8_linear_amx_equals_quantize_accumulate_epilogue_called_in_turn(m, k
     w = _codes((kp, -(-n // 16) * 16), k)
     s_w = torch.tensor(0.013) if scalar_scale else torch.rand(w.shape[1], generator=g) * 0.01
     q, s_a = quant_act_int8(x, "half_even", 8)
-    ref = epilogue_split(int8_accumulate(q, w, vnni=vnni_pack(w), amx=True), s_a, s_w, None, sizes, dtype)
+    ref = epilogue_split(int8_accumulate(q, w, vnni=vnni_pack(w), backend="amx"), s_a, s_w, None, sizes, dtype)
     got = amx_linear(x, w, vnni_pack(w), s_w, sizes, None, "half_even", 8, dtype, True)
     assert got is not None and len(got) == len(sizes)
     for a, b, size in zip(got, ref, sizes):

@@ -46,7 +46,7 @@ def test_fp32_exact_backend_equals_int_mm_at_the_worst_case(k):
 def test_int8_backend_choice_is_validated():
     with pytest.raises(ValueError, match="int8_backend"):
         resolve_int8_backend("fbgemm")
-    assert resolve_int8_backend("auto") in ("int_mm", "fp32_exact", "vnni", "amx")
+    assert resolve_int8_backend("auto") in ("int_mm", "fp32_exact", "vnni", "amx", "avx2")
 
 
 @pytest.mark.parametrize("backend", ["int_mm", "fp32_exact"])

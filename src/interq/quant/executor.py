@@ -113,9 +113,10 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backen
     ``int8_backend`` chooses how the exact int32 accumulator is computed, not the numerics: ``int_mm``
     (``torch._int_mm``), ``fp32_exact`` (bit-identical, an fp32 GEMM of the integer codes in K-chunks of
     1024; fast on CPUs without VNNI), ``vnni`` (bit-identical, the compiled AVX512-VNNI kernel at decode sizes,
-    ``_int_mm`` above), ``amx`` (bit-identical, the compiled AMX-INT8 tile kernel at every size), ``auto``
-    (``int_mm`` on CUDA; ``amx``, else ``vnni``, on CPUs that have them, else ``int_mm`` on AVX512 CPUs, else
-    ``fp32_exact``).
+    ``_int_mm`` above), ``amx`` (bit-identical, the compiled AMX-INT8 tile kernel at every size), ``avx2``
+    (bit-identical, the compiled AVX2 kernel at every size, for CPUs without AVX-512), ``auto`` (``int_mm`` on
+    CUDA; ``amx``, else ``vnni``, on CPUs that have them, else ``int_mm`` on AVX512 CPUs, else ``avx2`` where the
+    kernels build, else ``fp32_exact``).
 
     ``fuse`` (int8 weights): q|k|v and gate|up run as one GEMM each with one activation quantization
     (:class:`FusedQuantLinear`, registered as ``<parent>.qkv_proj`` / ``<parent>.gate_up_proj``; the members stay

@@ -18,6 +18,9 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   ``_int_mm`` streams the weights at half the memory's speed; threads through torch's ``at::parallel_for``
   (OpenMP: the extension links the ``libgomp`` torch has loaded; where a build with ``-fopenmp`` fails, the kernels
   are built without it and that GEMM runs on one thread, which :func:`status` says)
+- ``int8_gemm_avx2(a, packed, n)`` (AVX2 builds: ``has_int8_gemm_avx2()``): the same accumulator from the same packed
+  weights on CPUs without VNNI, the codes widened to int16 and multiplied by ``vpmaddwd`` (exact), any number of rows:
+  the ``avx2`` backend, where ``_int_mm`` takes a slow reference path and ``fp32_exact`` reads the codes as fp32
 - ``int8_gemm_amx(a, packed, n)``: the same accumulator from the same packed weights by AMX-INT8 tiles, for any
   number of rows (K a multiple of 64; AMX builds on Linux only: ``has_int8_gemm_amx()``, which also asks the kernel
   for the tiles): the ``amx`` backend, 3x the VNNI kernel and 3.7x ``_int_mm`` at prefill sizes on one core
@@ -178,7 +181,8 @@ def _build(openmp: bool, verbose: bool):
     return name, load_inline(name, cpp_sources=[_SRC.read_text()],
                              functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
                                         "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
-                                        "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_amx",
+                                        "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2",
+                                        "has_int8_gemm_amx",
                                         "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
                                         "flash_decode_amx",
                                         "torch_row_sums", "rms_norm_bf16",

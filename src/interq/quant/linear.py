@@ -11,7 +11,10 @@
   weights packed for ``vpdpbusd``, and with ``_int_mm`` above. On CPUs with AMX-INT8 (Intel Sapphire Rapids and
   later) the ``amx`` backend computes it for any number of rows from the same packed weights with AMX tiles
   (``int8_gemm_amx``: about 1.2-1.7 TOPS on one core from 64 rows up, against 0.3-0.65 for the VNNI kernel and
-  ``_int_mm``). The backend never changes a single bit of output.
+  ``_int_mm``). On CPUs with AVX2 but no AVX-512 (AMD Zen 2 / 3, Intel before Ice Lake) the ``avx2`` backend computes
+  it for any number of rows from the same packed weights (``int8_gemm_avx2``: int16 products by ``vpmaddwd``; at
+  decode sizes about twice ``fp32_exact``, which reads the codes as fp32, and level with it at prefill sizes). The
+  backend never changes a single bit of output.
 - fp8 e4m3: operands cast to e4m3 after clamping, products summed in float64 (exact for these K: order
   and batch invariant), scales applied in the same order. Hopper's FastAccum fp8 GEMM accumulates in
   reduced precision (~1e-3 relative): that is a documented tolerance, not reproduced.
@@ -29,7 +32,8 @@ from interq.quant import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig, int_qmax
 
-INT8_BACKENDS = ("auto", "int_mm", "fp32_exact", "vnni", "amx")
+INT8_BACKENDS = ("auto", "int_mm", "fp32_exact", "vnni", "amx", "avx2")
+PACKED_BACKENDS = ("vnni", "amx", "avx2")  # the backends that multiply from vnni_pack's layout
 _FP32_EXACT_K = 1024  # 128 * 128 * 1024 = 2^24: every partial sum of int8 products is an exact fp32 integer
 # Rows up to which the vnni backend uses its own kernel, above them torch._int_mm: SmolLM2-135M's 30 layers of
 # q|k|v, o, gate|up and down (weights from memory, as in a decode step), Zen 5 EPYC, 2 threads: the kernel takes
@@ -45,6 +49,16 @@ def vnni_available() -> tuple[bool, str]:
         return False, f"the CPU kernels are not loaded ({kernels.status()['reason']})"
     if not mod.has_int8_gemm_vnni():
         return False, "this CPU has no AVX512-VNNI (the kernels were built without int8_gemm_vnni)"
+    return True, "available"
+
+
+def avx2_available() -> tuple[bool, str]:
+    """Whether the ``avx2`` backend can run here (the CPU kernels built for a CPU with AVX2), and why not."""
+    mod = kernels.load()
+    if mod is None:
+        return False, f"the CPU kernels are not loaded ({kernels.status()['reason']})"
+    if not mod.has_int8_gemm_avx2():
+        return False, "this CPU has no AVX2 (the kernels were built without int8_gemm_avx2)"
     return True, "available"
 
 
@@ -67,13 +81,16 @@ def resolve_int8_backend(backend: str, device: torch.device | None = None) -> st
     ``_int_mm``, and fast on CPUs without VNNI, where ``_int_mm`` takes a slow reference path. ``vnni``
     (CPU): the compiled AVX512-VNNI kernel for at most ``VNNI_MAX_M`` rows, ``_int_mm`` above; bit-identical too.
     ``amx`` (CPU): the compiled AMX-INT8 tile kernel for any number of rows (where K is a multiple of 64, else as
-    ``vnni``), from the same packed weights; bit-identical too. ``auto``: ``int_mm`` on CUDA; on a CPU ``amx`` where
-    it is available, else ``vnni``, else ``int_mm`` where torch's capability is AVX512, else ``fp32_exact``."""
+    ``vnni``), from the same packed weights; bit-identical too. ``avx2`` (CPU): the compiled AVX2 kernel (int16
+    products) for any number of rows from the same packed weights; bit-identical too. ``auto``: ``int_mm`` on CUDA;
+    on a CPU ``amx`` where it is available, else ``vnni``, else ``int_mm`` where torch's capability is AVX512, else
+    ``avx2`` where the kernels have it, else ``fp32_exact``."""
     if backend not in INT8_BACKENDS:
         raise ValueError(f"int8_backend={backend!r} is not one of {INT8_BACKENDS}")
     cuda = device is not None and device.type == "cuda"
-    if backend in ("vnni", "amx"):
-        ok, why = (False, "it is a CPU kernel") if cuda else (vnni_available() if backend == "vnni" else amx_available())
+    if backend in PACKED_BACKENDS:
+        available = {"vnni": vnni_available, "amx": amx_available, "avx2": avx2_available}[backend]
+        ok, why = (False, "it is a CPU kernel") if cuda else available()
         if not ok:
             raise ValueError(f"int8_backend={backend!r} cannot run here: {why}; use one of {INT8_BACKENDS}")
     if backend != "auto":
@@ -84,7 +101,9 @@ def resolve_int8_backend(backend: str, device: torch.device | None = None) -> st
         return "amx"
     if vnni_available()[0]:
         return "vnni"
-    return "int_mm" if "AVX512" in torch.backends.cpu.get_cpu_capability() else "fp32_exact"
+    if "AVX512" in torch.backends.cpu.get_cpu_capability():
+        return "int_mm"
+    return "avx2" if avx2_available()[0] else "fp32_exact"
 
 
 def vnni_pack(wq_t: torch.Tensor) -> torch.Tensor:
@@ -97,18 +116,21 @@ def vnni_pack(wq_t: torch.Tensor) -> torch.Tensor:
 
 
 def int8_accumulate(q: torch.Tensor, wq_t: torch.Tensor, codes_f32: torch.Tensor | None = None,
-                    vnni: torch.Tensor | None = None, amx: bool = False) -> torch.Tensor:
+                    vnni: torch.Tensor | None = None, backend: str = "int_mm") -> torch.Tensor:
     """The exact int32 accumulator of activation codes q int8 [M, K] and weight codes wq_t int8 [Kp, Np] (K <= Kp:
     q is zero-padded to Kp) -> [M, Np], by the backend whose weight layout is given: ``vnni`` (packed) by AMX tiles
-    where ``amx`` and Kp is a multiple of 64, else by the VNNI kernel for M <= ``VNNI_MAX_M``; ``fp32_exact``
-    (``codes_f32``); else ``torch._int_mm``. The same values whichever."""
+    where ``backend`` is ``amx`` and Kp is a multiple of 64, by the AVX2 kernel where it is ``avx2``, else by the
+    VNNI kernel for M <= ``VNNI_MAX_M``; ``fp32_exact`` (``codes_f32``); else ``torch._int_mm``. The same values
+    whichever."""
     kp = wq_t.shape[0]
     if q.shape[1] != kp:
         q = nn.functional.pad(q, (0, kp - q.shape[1]))
     mod = kernels.get() if vnni is not None else None  # None too while the kernels are turned off: _int_mm then
     if mod is not None and q.device.type == "cpu":
-        if amx and kp % 64 == 0:
+        if backend == "amx" and kp % 64 == 0:
             return mod.int8_gemm_amx(q, vnni, wq_t.shape[1])
+        if backend == "avx2":
+            return mod.int8_gemm_avx2(q, vnni, wq_t.shape[1])
         if q.shape[0] <= VNNI_MAX_M:
             return mod.int8_gemm_vnni(q, vnni, wq_t.shape[1])
     if codes_f32 is not None:
@@ -118,12 +140,13 @@ def int8_accumulate(q: torch.Tensor, wq_t: torch.Tensor, codes_f32: torch.Tensor
 
 def register_backend_layouts(module: nn.Module, prefix: str, q: torch.Tensor, int8: bool) -> None:
     """The module's int8 backend's own copies of the weight codes ``q`` ([Kp, Np] or [E, Kp, Np]), derived, not
-    saved: ``<prefix>_codes_f32`` (fp32_exact: the codes as float32) and ``<prefix>_vnni`` (vnni, amx: :func:`vnni_pack`),
+    saved: ``<prefix>_codes_f32`` (fp32_exact: the codes as float32) and ``<prefix>_vnni`` (vnni, amx, avx2:
+    :func:`vnni_pack`),
     each None unless the backend (``module.int8_backend``) uses it."""
     backend = module.int8_backend
     use = int8 and backend == "fp32_exact"
     module.register_buffer(f"{prefix}_codes_f32", q.float() if use else None, persistent=False)
-    use = int8 and backend in ("vnni", "amx")
+    use = int8 and backend in PACKED_BACKENDS
     module.register_buffer(f"{prefix}_vnni", vnni_pack(q) if use else None, persistent=False)
 
 
@@ -239,17 +262,17 @@ def epilogue_split(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias
 
 def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int, bias: torch.Tensor | None,
                 rounding: str, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None,
-                a_bits: int = 8, vnni: torch.Tensor | None = None, amx: bool = False) -> torch.Tensor:
+                a_bits: int = 8, vnni: torch.Tensor | None = None, backend: str = "int_mm") -> torch.Tensor:
     """x2 [M, K] float, wq_t int8 [Kp, Np] (padded, transposed), s_w fp32 [N] or [] -> [M, N] out_dtype.
-    With ``codes_f32`` (wq_t as float32) or ``vnni`` (wq_t packed by :func:`vnni_pack`; ``amx``: by AMX tiles) the
+    With ``codes_f32`` (wq_t as float32) or ``vnni`` (wq_t packed by :func:`vnni_pack`, for ``backend``'s kernel) the
     accumulator comes from that backend instead of ``torch._int_mm`` (:func:`int8_accumulate`): the same int32 values. ``a_bits`` < 8
     narrows the activation codes (still int8 tensors); narrower weight codes arrive as they are in ``wq_t``: the
     GEMM and the epilogue do not change."""
-    whole = amx_linear(x2, wq_t, vnni, s_w, (n_out,), bias, rounding, a_bits, out_dtype, amx)
+    whole = amx_linear(x2, wq_t, vnni, s_w, (n_out,), bias, rounding, a_bits, out_dtype, backend == "amx")
     if whole is not None:
         return whole[0]
     q, s_a = quant_act_int8(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
-    return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32, vnni, amx)
+    return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32, vnni, backend)
 
 
 _AMX_LINEAR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -285,10 +308,10 @@ def amx_linear_takes(x: torch.Tensor) -> bool:
 
 def int8_gemm(q: torch.Tensor, s_a: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int,
               bias: torch.Tensor | None, out_dtype: torch.dtype, codes_f32: torch.Tensor | None = None,
-              vnni: torch.Tensor | None = None, amx: bool = False) -> torch.Tensor:
+              vnni: torch.Tensor | None = None, backend: str = "int_mm") -> torch.Tensor:
     """The GEMM and epilogue of :func:`int8_linear` for activation codes already quantized: q int8 [M, K],
     s_a fp32 [M, 1] -> [M, N] out_dtype."""
-    acc32 = int8_accumulate(q, wq_t, codes_f32, vnni, amx)  # [M, Np]
+    acc32 = int8_accumulate(q, wq_t, codes_f32, vnni, backend)  # [M, Np]
     return epilogue_split(acc32, s_a, s_w, bias, (n_out,), out_dtype)[0]  # [M, N]
 
 
@@ -358,7 +381,7 @@ class QuantLinear(nn.Module):
         if self.qcfg.w_format == "int8":
             y = int8_linear(x2, self.weight_q, self.weight_scale, self.out_features, self.bias,
                             self.qcfg.a_int8_rounding, x.dtype, self.weight_codes_f32, self.qcfg.a_bits,
-                            self.weight_vnni, self.int8_backend == "amx")
+                            self.weight_vnni, self.int8_backend)
         else:
             y = fp8_linear(x2, self.weight_q, self.weight_scale, self.bias, self.qcfg.a_granularity,
                            self.qcfg.w_granularity, x.dtype)
@@ -444,8 +467,7 @@ class FusedQuantLinear(nn.Module):
         if outs is not None:
             return tuple(o.reshape(*x.shape[:-1], n) for o, n in zip(outs, self.sizes))
         q, s_a = quant_act_int8(x2, self.qcfg.a_int8_rounding, self.qcfg.a_bits)  # [M, K], [M, 1]
-        acc = int8_accumulate(q, self.weight_q, self.weight_codes_f32, self.weight_vnni,
-                              self.int8_backend == "amx")  # [M, Np]
+        acc = int8_accumulate(q, self.weight_q, self.weight_codes_f32, self.weight_vnni, self.int8_backend)  # [M, Np]
         outs = epilogue_split(acc, s_a, self.weight_scale, self.bias, self.sizes, x.dtype)  # [M, N_i] each
         return tuple(o.reshape(*x.shape[:-1], n) for o, n in zip(outs, self.sizes))
 
@@ -556,7 +578,7 @@ class QuantExperts(nn.Module):
             codes, packed = getattr(self, f"{name}_codes_f32"), getattr(self, f"{name}_vnni")
             return int8_linear(x, wq, s, n_out, None, self.qcfg.a_int8_rounding, x.dtype,
                                None if codes is None else codes[e], self.qcfg.a_bits,
-                               None if packed is None else packed[e], self.int8_backend == "amx")
+                               None if packed is None else packed[e], self.int8_backend)
         return fp8_linear(x, wq, s, None, self.qcfg.a_granularity, self.qcfg.w_granularity, x.dtype)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):

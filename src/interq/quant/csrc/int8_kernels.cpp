@@ -12,6 +12,7 @@
 //   fake_quant_act_int8: the forward value of interq.quant.primitives.fq_activation_ste for int8 activations
 //                   (quantize, dequantize, plus the straight-through estimator's + 0), fp32
 //   int8_gemm_vnni: torch._int_mm's exact int32 accumulator from weights packed by pack_int8_vnni (AVX512-VNNI)
+//   int8_gemm_avx2: the same accumulator from the same packed weights on AVX2 without VNNI (int16 products)
 //   int8_gemm_amx:  the same accumulator from the same packed weights by AMX-INT8 tiles, any number of rows
 //   int8_linear_amx: quant_act_int8, int8_gemm_amx and epilogue in one call, the same values
 //   bf16_linear_amx: F.linear of bf16 by AMX-BF16 tiles, oneDNN's sums where the caller's probe says so
@@ -681,6 +682,120 @@ torch::Tensor int8_gemm_vnni(torch::Tensor a, torch::Tensor packed, int64_t n) {
   return out;
 #else
   TORCH_CHECK(false, "int8_gemm_vnni: this build has no AVX512-VNNI (see has_int8_gemm_vnni)");
+  return a;
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// int8 x int8 -> int32 GEMM on AVX2 without VNNI (the int8 executor's backend on CPUs such as AMD Zen 2 / 3 and Intel
+// before Ice Lake, where torch._int_mm takes a slow reference path), from the SAME packed weights as int8_gemm_vnni.
+//
+// AVX2 multiplies bytes only with saturation (vpmaddubsw), so the codes are widened to int16 and multiplied by
+// vpmaddwd, which sums adjacent int16 products into int32 exactly: a 16-byte quarter of a packed 64-byte line (four
+// columns of four k each) widens to 16 int16, the row's four activation codes (as int16) are broadcast, and vpmaddwd
+// leaves two partial sums per column (k0 + k1, k2 + k3) in 32-bit lanes, added up at the end of the tile. The same
+// offset as int8_gemm_vnni: the weights are stored + 128, so 128 * sum_k a[m, k] is subtracted at the end. Integer
+// arithmetic throughout: exact, any order, the values of torch._int_mm. Tiles of up to 3 rows x 16 columns (12
+// accumulators, 3 activation and 1 weight register of the 16); each thread streams its own 16-column panels, the
+// weights read once from memory and again from cache for the panel's other row tiles.
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define INTERQ_AVX2_GEMM 1
+#else
+#define INTERQ_AVX2_GEMM 0
+#endif
+
+bool has_int8_gemm_avx2() { return INTERQ_AVX2_GEMM; }
+
+#if INTERQ_AVX2_GEMM
+namespace {
+constexpr int kAvx2MaxRows = 3;
+
+// a16: int16 activation codes with row stride lda; w: one 16-column block of the packed weight (k4 lines of 64 bytes)
+template <int MT>
+void avx2_tile(const int16_t* a16, int64_t lda, const uint8_t* w, int64_t k4, int64_t ncols, const int32_t* offset,
+               int32_t* out, int64_t ldo) {
+  __m256i acc[MT][4];
+#pragma GCC unroll 4
+  for (int m = 0; m < MT; ++m)
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) acc[m][p] = _mm256_setzero_si256();
+  for (int64_t q = 0; q < k4; ++q) {
+    __m256i av[MT];
+#pragma GCC unroll 4
+    for (int m = 0; m < MT; ++m) {
+      int64_t four;  // the row's four int16 codes of k = 4q .. 4q + 3
+      std::memcpy(&four, a16 + m * lda + q * 4, sizeof four);
+      av[m] = _mm256_set1_epi64x(four);
+    }
+    const uint8_t* line = w + q * 64;
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {  // columns 4p .. 4p + 3
+      const __m256i wv = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 16 * p)));
+#pragma GCC unroll 4
+      for (int m = 0; m < MT; ++m) acc[m][p] = _mm256_add_epi32(acc[m][p], _mm256_madd_epi16(wv, av[m]));
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    alignas(32) int32_t lanes[32];  // per quarter p: (column, half) pairs, 8 lanes
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 8 * p), acc[m][p]);
+    for (int64_t c = 0; c < ncols; ++c) out[m * ldo + c] = lanes[2 * c] + lanes[2 * c + 1] - offset[m];
+  }
+}
+}  // namespace
+#endif
+
+// a [M, K] int8 (K = the packed K), packed from pack_int8_vnni, n = its true column count -> int32 [M, n], the values
+// of int8_gemm_vnni and torch._int_mm
+torch::Tensor int8_gemm_avx2(torch::Tensor a, torch::Tensor packed, int64_t n) {
+#if INTERQ_AVX2_GEMM
+  TORCH_CHECK(a.dim() == 2 && a.device().is_cpu() && a.scalar_type() == torch::kInt8,
+              "int8_gemm_avx2: a must be a 2-D int8 CPU tensor");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kUInt8 && packed.size(2) == 16 &&
+                  packed.size(3) == 4 && packed.is_contiguous() && packed.device().is_cpu(),
+              "int8_gemm_avx2: packed must come from pack_int8_vnni (a CPU tensor)");
+  const int64_t m = a.size(0), k = a.size(1), nb = packed.size(0), k4 = packed.size(1);
+  TORCH_CHECK(k == 4 * k4, "int8_gemm_avx2: a has K = ", k, ", the packed weight ", 4 * k4);
+  TORCH_CHECK(n > 16 * (nb - 1) && n <= 16 * nb, "int8_gemm_avx2: n = ", n, " does not match ", nb, " blocks");
+  a = a.contiguous();
+  auto out = torch::empty({m, n}, a.options().dtype(torch::kInt32));
+  if (m == 0 || n == 0) return out;
+  const int8_t* ap = a.data_ptr<int8_t>();
+  std::vector<int16_t> a16(m * k);
+  std::vector<int32_t> offset(m, 0);
+  for (int64_t r = 0; r < m; ++r) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      a16[r * k + j] = ap[r * k + j];
+      s += ap[r * k + j];
+    }
+    offset[r] = 128 * s;
+  }
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  int32_t* op = out.data_ptr<int32_t>();
+  const int64_t tiles = (m + kAvx2MaxRows - 1) / kAvx2MaxRows;
+  const int64_t rows_per_tile = (m + tiles - 1) / tiles;
+  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t ncols = std::min<int64_t>(n - 16 * b, 16);
+      const uint8_t* w = wp + b * k4 * 64;
+      for (int64_t r0 = 0; r0 < m; r0 += rows_per_tile) {
+        const int rows = static_cast<int>(std::min<int64_t>(rows_per_tile, m - r0));
+        const int16_t* ar = a16.data() + r0 * k;
+        int32_t* o = op + r0 * n + 16 * b;
+        switch (rows) {
+          case 1: avx2_tile<1>(ar, k, w, k4, ncols, offset.data() + r0, o, n); break;
+          case 2: avx2_tile<2>(ar, k, w, k4, ncols, offset.data() + r0, o, n); break;
+          default: avx2_tile<3>(ar, k, w, k4, ncols, offset.data() + r0, o, n); break;
+        }
+      }
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "int8_gemm_avx2: this build has no AVX2 (see has_int8_gemm_avx2)");
   return a;
 #endif
 }
