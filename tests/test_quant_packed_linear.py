@@ -1,7 +1,8 @@
 """PackedBf16Linear (interq.quant.packed_linear): the executors' bf16 linears with their weights packed once for
-oneDNN or for interq's AMX-BF16 kernel give F.linear's bits at every row count they take, follow weight writes, keep ties and parameter names,
-survive deepcopy, and leave the executors' outputs unchanged. Skipped where packing is not offered (a CPU without
-native bf16: torch's bf16 GEMMs are not oneDNN's there)."""
+oneDNN or for interq's AMX-BF16 kernel, or for interq's AVX2 product on CPUs without native bf16, give F.linear's bits
+at every row count they take, follow weight writes, keep ties and parameter names, survive deepcopy, and leave the
+executors' outputs unchanged. Skipped where packing is not offered (a CPU without native bf16 where interq's kernels
+do not build)."""
 
 import copy
 
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor
-from interq.quant import packed_linear
+from interq.quant import kernels, packed_linear
 from interq.quant.packed_linear import PACKED_MAX_M, PackedBf16Linear, pack_bf16_linears, packing_available
 from interq.quant.testing import perturb_and_sync, seeded_linear, tiny_causal_lm
 
@@ -48,16 +49,20 @@ def test_each_case_takes_the_product_its_choice_names(monkeypatch):
     lin = _linear(64, 40, True, 3)
     mod = PackedBf16Linear.from_linear(lin)
     calls = []
-    for name in ("_packed_product", "_amx_product"):
+    for name in ("_packed_product", "_amx_product", "_avx2_product"):
         real = getattr(packed_linear, name)
         monkeypatch.setattr(packed_linear, name, lambda *a, _n=name, _r=real: calls.append((_n, a[0].shape[0])) or _r(*a))
-    key = (64, 40, True, 5, torch.get_num_threads(), packed_linear._amx_on())
+    key = (64, 40, True, 5, torch.get_num_threads(), packed_linear._amx_on(), packed_linear._avx2_on())
     x = torch.randn(5, 64).to(torch.bfloat16)
     ref = nn.functional.linear(x, lin.weight, lin.bias)
     monkeypatch.setitem(packed_linear._CHOICES, key, ("linear", 0))  # as where neither product gives its bits
     assert torch.equal(mod(x), ref) and calls == []
-    monkeypatch.setitem(packed_linear._CHOICES, key, ("onednn", 0))
-    assert torch.equal(mod(x), ref) and calls == [("_packed_product", 5)]
+    if packed_linear._native_bf16():
+        monkeypatch.setitem(packed_linear._CHOICES, key, ("onednn", 0))
+        assert torch.equal(mod(x), ref) and calls == [("_packed_product", 5)]
+    if packed_linear._avx2_on():
+        monkeypatch.setitem(packed_linear._CHOICES, key, ("avx2", 0))
+        assert torch.equal(mod(x), ref) and calls == [("_avx2_product", 5)]
     if packed_linear._amx_on():
         calls.clear()
         monkeypatch.setitem(packed_linear._CHOICES, key, ("amx", 0))
@@ -66,7 +71,7 @@ def test_each_case_takes_the_product_its_choice_names(monkeypatch):
     calls.clear()
     assert torch.equal(mod(x), ref)
     product, _ = packed_linear._CHOICES[key]
-    assert calls[-1] == ((f"_{product}_product" if product == "amx" else "_packed_product"), 5) or product == "linear"
+    assert calls[-1] == ((f"_{product}_product" if product in ("amx", "avx2") else "_packed_product"), 5) or product == "linear"
 
 
 AMX, AMX_WHY = packed_linear.amx_available() if AVAILABLE else (False, WHY)
@@ -126,6 +131,102 @@ def test_amx_off_the_cases_take_the_earlier_products():
         assert torch.equal(mod(x), off)  # whichever product this machine's oneDNN lets the case take
     finally:
         packed_linear.use_amx_product(True)
+
+
+def _reference_dot(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """torch's reference bf16 GEMM (CPUs without native bf16), written out in fp32 tensor ops: per output, 8 x 8
+    running sums over blocks of 64 k (slot k % 64), added r + r + 4, + 2, + 1 then lanes l + l + 4, + 2, + 1; the
+    16-k chunks after the blocks into 8 more running sums (slot (k - start) % 8), added by the same lane tree; then
+    the last k % 16 products one by one; bias + sum, rounded to bf16. Products of bf16 values are exact in fp32."""
+    xf, wf = x.float(), w.float()
+    m, k = xf.shape
+    n = wf.shape[0]
+
+    def lane_tree(v):  # [..., 8]
+        v = v[..., :4] + v[..., 4:]
+        v = v[..., :2] + v[..., 2:]
+        return v[..., 0] + v[..., 1]
+
+    main, vec = k // 64 * 64, k // 64 * 64 + (k % 64) // 16 * 16
+    slots = torch.zeros(m, n, 64)
+    for j in range(0, main, 64):
+        slots = slots + xf[:, None, j:j + 64] * wf[None, :, j:j + 64]
+    regs = slots.view(m, n, 8, 8)
+    regs = regs[:, :, :4] + regs[:, :, 4:]
+    regs = regs[:, :, :2] + regs[:, :, 2:]
+    total = lane_tree(regs[:, :, 0] + regs[:, :, 1])
+    tail = torch.zeros(m, n, 8)
+    for j in range(main, vec, 8):
+        tail = tail + xf[:, None, j:j + 8] * wf[None, :, j:j + 8]
+    total = total + lane_tree(tail)
+    for j in range(vec, k):
+        total = total + xf[:, None, j] * wf[None, :, j]
+    return (total if b is None else b.float() + total).to(torch.bfloat16)
+
+
+AVX2_KERNEL = kernels.load() is not None and kernels.load().has_bf16_linear_avx2()
+needs_avx2_kernel = pytest.mark.skipif(not AVX2_KERNEL, reason="interq's kernels without AVX2 and FMA here")
+
+
+@needs_avx2_kernel
+@pytest.mark.parametrize("k", [1, 7, 16, 31, 64, 72, 100, 200, 576, 1536])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_avx2_product_is_torchs_reference_kernel_sum_order(k, bias, threads):
+    """The kernel on any AVX2 CPU against its definition (_reference_dot) on the probe: K with and without 64-k
+    blocks, 16-k chunks and a last k % 16; 1-13 rows (every tile of 1-6 rows), column tails."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m, n in ((1, 16), (5, 33), (13, 40)):
+            x, w, b = packed_linear._probe(m, k, n, bias)
+            got = kernels.get().bf16_linear_avx2(x, packed_linear.pack_bf16_avx2(w), n, b)
+            assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+            assert torch.equal(got.view(torch.int16), _reference_dot(x, w, b).view(torch.int16)), (m, n)
+    finally:
+        torch.set_num_threads(before)
+
+
+NATIVE_BF16 = packed_linear._native_bf16()
+
+
+@pytest.mark.skipif(NATIVE_BF16 or not AVX2_KERNEL, reason="torch's bf16 GEMMs are oneDNN's here (native bf16), or "
+                    "interq's kernels lack AVX2 and FMA")
+def test_avx2_product_is_f_linear_where_torch_runs_its_reference_kernel():
+    """The definition above is F.linear's on this CPU, and the modules take the AVX2 product, prefill rows too."""
+    for m, k, n, bias in ((3, 576, 64, False), (16, 100, 40, True), (2, 31, 20, False)):
+        x, w, b = packed_linear._probe(m, k, n, bias)
+        assert torch.equal(_reference_dot(x, w, b).view(torch.int16), nn.functional.linear(x, w, b).view(torch.int16))
+    lin = _linear(576, 192, True, 4)
+    mod = PackedBf16Linear.from_linear(lin)
+    for m in (1, 16, PACKED_MAX_M + 44):
+        x = torch.randn(m, 576).to(torch.bfloat16)
+        assert mod.product(x)[0] == "avx2"
+        assert torch.equal(mod(x), nn.functional.linear(x, lin.weight, lin.bias))
+    try:
+        packed_linear.use_avx2_product(False)
+        assert mod.product(torch.randn(16, 576).to(torch.bfloat16))[0] == "linear"
+    finally:
+        packed_linear.use_avx2_product(True)
+
+
+@needs_avx2_kernel
+def test_avx2_product_propagates_special_values_as_torchs_reference_kernel():
+    k, n = 64, 48
+    x = torch.randn(6, k).to(torch.bfloat16)
+    w = (torch.randn(n, k) * 0.1).to(torch.bfloat16)
+    x[1, 3] = float("inf")
+    x[2, 5] = float("nan")
+    x[3] *= 1e-38  # products below fp32's normal range
+    w[7] = 0
+    x[4, :] = 3e38  # overflow to inf
+    got = kernels.get().bf16_linear_avx2(x, packed_linear.pack_bf16_avx2(w), n, None)
+    want = _reference_dot(x, w, None)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    if not NATIVE_BF16:
+        ref = nn.functional.linear(x, w)
+        assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.nan_to_num(), ref.nan_to_num())
 
 
 def test_the_probe_shows_another_summation_order_in_most_bf16_outputs():

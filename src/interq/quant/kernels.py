@@ -184,6 +184,7 @@ def _build(openmp: bool, verbose: bool):
                                         "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2",
                                         "has_int8_gemm_amx",
                                         "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
+                                        "has_bf16_linear_avx2", "bf16_linear_avx2", "bf16_avx2_k_order",
                                         "flash_decode_amx",
                                         "torch_row_sums", "rms_norm_bf16",
                                         "decode_attention",

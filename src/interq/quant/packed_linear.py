@@ -23,6 +23,14 @@ packed_prefill_speed.log``) and for anything else (not bf16, not CPU, not contig
   threads), so a K blocking that reproduces ``F.linear``'s bits exists for most cases. At decode sizes it is 2.3-5x
   oneDNN's packed product per call, whose fixed cost dominates small GEMMs (SmolLM2-135M's linears at 16 rows,
   2 threads: 17.7 -> 8.0 ms per step, ``results/bench-2026-12-03-s18/``). :func:`use_amx_product` turns it off.
+- **interq's AVX2 product** (``bf16_linear_avx2`` in :mod:`interq.quant.kernels`; CPUs without native bf16, where
+  the kernels build with AVX2 and FMA): there torch multiplies bf16 by its own reference kernel, one dot product per
+  output with fp32 arithmetic in a fixed order (8 accumulators of 8 lanes over blocks of 64 k, a fixed tree, the tail
+  after it). The kernel computes the same sums for 16 columns at once from the weight packed in the order it reads
+  k (:func:`pack_bf16_avx2`), at any row count: SmolLM2-135M's ``lm_head`` at 16 rows, 2 threads, on an AMD EPYC
+  (Zen 3, AVX2) took 11 ms against 55 ms for ``F.linear``, its layers' linears 3.8-5.6x less
+  (``results/bench-2026-12-03-s22/``). Where it is offered oneDNN's product is not (oneDNN does not run torch's bf16
+  GEMMs there).
 - **oneDNN's packed product**: the weight packed with ``torch.ops.mkldnn._reorder_linear_weight`` for 16 rows,
   multiplied by ``torch.ops.mkldnn._linear_pointwise``. Without the pack, every ``F.linear`` call reorders the whole
   weight into oneDNN's blocked layout: on an Intel Xeon with AMX (``results/bench-2026-12-03-s16/``, one thread)
@@ -56,14 +64,38 @@ PACK_HINT_M = 16  # the row count oneDNN packs for (a pack for 1 row gives other
 
 
 def packing_available(device: torch.device | str | None = None) -> tuple[bool, str]:
-    """Whether bf16 weights can be packed for oneDNN here, and why not: a CPU device, torch built with oneDNN and
-    a CPU with native bf16 (where torch's own bf16 GEMMs go to oneDNN, so that the packed ones can match them)."""
+    """Whether bf16 weights can be packed here, and why not: a CPU device, and either torch built with oneDNN on a
+    CPU with native bf16 (where torch's own bf16 GEMMs go to oneDNN, so that the packed ones can match them), or a
+    CPU without native bf16 where interq's AVX2 product is available (:func:`avx2_available`)."""
     if device is not None and torch.device(device).type != "cpu":
         return False, f"not a CPU device ({device})"
+    if _native_bf16():
+        return True, "available"
+    if avx2_available()[0]:
+        return True, "available (interq's AVX2 product)"
     if not torch.backends.mkldnn.is_available():
         return False, "torch was built without oneDNN (mkldnn)"
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return False, "this CPU has no native bf16 (torch's bf16 GEMMs do not run on oneDNN here)"
+    return False, ("this CPU has no native bf16 (torch's bf16 GEMMs do not run on oneDNN here) and interq's AVX2 "
+                   f"product is not available ({avx2_available()[1]})")
+
+
+def _native_bf16() -> bool:
+    """torch's bf16 GEMMs run on oneDNN here (torch built with it, a CPU with native bf16)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def avx2_available() -> tuple[bool, str]:
+    """Whether interq's AVX2 bf16 product can run here, and why not: interq's CPU kernels built with AVX2 and FMA,
+    on a CPU whose bf16 GEMMs are torch's reference kernel (no native bf16: elsewhere oneDNN's sums are others)."""
+    from interq.quant import kernels
+
+    if _native_bf16():
+        return False, "this CPU has native bf16: torch's bf16 GEMMs are oneDNN's"
+    mod = kernels.load()
+    if mod is None:
+        return False, f"interq's CPU kernels are not loaded ({kernels.status()['reason']})"
+    if not mod.has_bf16_linear_avx2():
+        return False, "the kernels were built without AVX2 and FMA"
     return True, "available"
 
 
@@ -75,9 +107,11 @@ def _packed_product(x2: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor |
     return torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")  # [M, N]
 
 
-_CHOICES: dict[tuple, tuple[str, int]] = {}  # (in, out, bias, rows, threads, amx on) -> (product, kb)
+_CHOICES: dict[tuple, tuple[str, int]] = {}  # (in, out, bias, rows, threads, amx on, avx2 on) -> (product, kb)
 _LAST_KB: dict[tuple[int, int], int] = {}  # (in, out) -> the K blocking that last gave F.linear's bits
 _AMX = {"enabled": True}
+_AVX2: dict = {"enabled": True}
+AVX2_PROBE_N = 256  # columns of the AVX2 product's probe: torch's reference kernel and it compute each output alone
 _BIG = 2.0 ** 11  # the probe's cancelling entries: products of +-2^22, whose fp32 ulp (0.5) shows in bf16 sums
 
 
@@ -113,6 +147,38 @@ def use_amx_product(enabled: bool) -> None:
     """Turn the AMX-BF16 product on or off for this process (on by default where :func:`amx_available`): off, the
     cases take oneDNN's packed product or ``F.linear`` as before it existed (for side-by-side timing)."""
     _AMX["enabled"] = bool(enabled)
+
+
+def use_avx2_product(enabled: bool) -> None:
+    """Turn interq's AVX2 bf16 product on or off for this process (on by default where :func:`avx2_available`):
+    off, every case calls ``F.linear`` as before it existed (for side-by-side timing)."""
+    _AVX2["enabled"] = bool(enabled)
+
+
+def _avx2_on() -> bool:
+    """Whether the AVX2 product is on and can run (asked once; turning the kernels off is seen)."""
+    from interq.quant import kernels
+
+    if _AVX2.get("here") is None:
+        _AVX2["here"] = avx2_available()[0]
+    return _AVX2["enabled"] and _AVX2["here"] and kernels.get() is not None
+
+
+def pack_bf16_avx2(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] bf16 -> the AVX2 product's layout [ceil(N / 16), K, 16]: per block of 16 columns, each k's 16 weights
+    side by side, k in the order the kernel adds them (``bf16_avx2_k_order``; columns past N are zeros)."""
+    from interq.quant import kernels
+
+    n, k = weight.shape
+    order = kernels.get().bf16_avx2_k_order(k)
+    w = nn.functional.pad(weight.detach()[:, order], (0, 0, 0, -n % 16))  # [Np, K]
+    return w.view(-1, 16, k).transpose(1, 2).contiguous()
+
+
+def _avx2_product(x2: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    from interq.quant import kernels
+
+    return kernels.get().bf16_linear_avx2(x2, packed, n, bias)  # [M, N]
 
 
 def _amx_on() -> bool:
@@ -151,13 +217,25 @@ def product_choice(k: int, n: int, bias: bool, rows: int) -> tuple[str, int]:
     ``("onednn", 0)`` (oneDNN's packed product) or ``("linear", 0)`` (neither: ``F.linear`` itself). Decided once
     per process on a probe built to expose any other summation order (:func:`_probe`), then remembered for every
     module of that shape. Which kernel oneDNN runs, and how it splits the sums, depends on the shapes and the
-    threads, not on the values."""
-    amx = _amx_on()
-    key = (k, n, bias, rows, torch.get_num_threads(), amx)
+    threads, not on the values. On CPUs without native bf16: ``("avx2", 0)`` (interq's AVX2 product) or
+    ``("linear", 0)``, probed on ``AVX2_PROBE_N`` columns (each output there is one dot product computed alone, the
+    same at any column count: the probe's cost stays small at prefill row counts)."""
+    amx, avx2 = _amx_on(), _avx2_on()
+    key = (k, n, bias, rows, torch.get_num_threads(), amx, avx2)
     choice = _CHOICES.get(key)
     if choice is None:
-        x, w, b = _probe(rows, k, n, bias)
         choice = ("linear", 0)
+        if avx2:
+            x, w, b = _probe(rows, k, min(n, AVX2_PROBE_N), bias)
+            with torch.no_grad():
+                if torch.equal(_avx2_product(x, pack_bf16_avx2(w), w.shape[0], b), nn.functional.linear(x, w, b)):
+                    choice = ("avx2", 0)
+            _CHOICES[key] = choice
+            return choice
+        if not _native_bf16():  # neither product can give torch's bits here
+            _CHOICES[key] = choice
+            return choice
+        x, w, b = _probe(rows, k, n, bias)
         with torch.no_grad():
             ref = nn.functional.linear(x, w, b)
             if amx and k % 32 == 0:
@@ -174,7 +252,8 @@ def product_choice(k: int, n: int, bias: bool, rows: int) -> tuple[str, int]:
 
 class PackedBf16Linear(nn.Module):
     """An ``nn.Linear`` with bf16 weights whose products up to ``PACKED_MAX_M`` rows use interq's AMX-BF16 kernel or
-    a oneDNN-packed copy of the weight where that product equals ``F.linear``'s (see the module docstring). Build
+    a oneDNN-packed copy of the weight, at any row count interq's AVX2 product (CPUs without native bf16), where
+    that product equals ``F.linear``'s (see the module docstring). Build
     with :meth:`from_linear`. The packed copies follow in-place writes through the weight (its version counter: a
     weight sync's ``copy_``); a write through ``weight.data`` is not seen."""
 
@@ -188,6 +267,8 @@ class PackedBf16Linear(nn.Module):
         # an in-place write, for a new Parameter, or new data (module.to)
         self._amx: torch.Tensor | None = None  # the AMX-BF16 layout (pack_bf16_amx), made when first used
         self._amx_version = (None, -1, 0)
+        self._avx2: torch.Tensor | None = None  # the AVX2 product's layout (pack_bf16_avx2), made when first used
+        self._avx2_version = (None, -1, 0)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedBf16Linear | None:
@@ -207,6 +288,7 @@ class PackedBf16Linear(nn.Module):
         state = self.__dict__.copy()
         state["_packed"], state["_packed_version"] = None, (None, -1, 0)
         state["_amx"], state["_amx_version"] = None, (None, -1, 0)
+        state["_avx2"], state["_avx2_version"] = None, (None, -1, 0)
         return state
 
     def _current(self, name: str, pack) -> torch.Tensor:
@@ -227,12 +309,18 @@ class PackedBf16Linear(nn.Module):
         """The AMX-BF16 layout of the weight, kept current (:meth:`_current`)."""
         return self._current("_amx", pack_bf16_amx)
 
+    def avx2_weight(self) -> torch.Tensor:
+        """The AVX2 product's layout of the weight, kept current (:meth:`_current`)."""
+        return self._current("_avx2", pack_bf16_avx2)
+
     def product(self, x: torch.Tensor) -> tuple[str, int, int]:
-        """(product, kb, rows) for input x: ``"amx"`` / ``"onednn"`` with :func:`product_choice`'s K blocking, or
-        ``"linear"`` where ``F.linear`` itself must run (not bf16, not CPU, too many rows, strided, autograd)."""
+        """(product, kb, rows) for input x: ``"amx"`` / ``"onednn"`` / ``"avx2"`` with :func:`product_choice`'s K
+        blocking, or ``"linear"`` where ``F.linear`` itself must run (not bf16, not CPU, too many rows for the
+        oneDNN-side products, strided, autograd)."""
         m = x.numel() // self.in_features if self.in_features else 0
         # strided inputs too: F.linear takes another path for them (a batched matmul), with other sums
-        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not 0 < m <= PACKED_MAX_M or not x.is_contiguous()
+        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or m <= 0 or not x.is_contiguous()
+                or (m > PACKED_MAX_M and not _avx2_on())
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return "linear", 0, m
         return (*product_choice(self.in_features, self.out_features, self.bias is not None, m), m)
@@ -244,13 +332,15 @@ class PackedBf16Linear(nn.Module):
         x2 = x.view(m, self.in_features)
         if product == "amx":
             y = _amx_product(x2, self.amx_weight(), self.out_features, self.bias, kb)  # [M, N]
+        elif product == "avx2":
+            y = _avx2_product(x2, self.avx2_weight(), self.out_features, self.bias)  # [M, N]
         else:
             y = _packed_product(x2, self.packed_weight(), self.bias)  # [M, N]
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"packed for oneDNN up to {PACKED_MAX_M} rows where that gives F.linear's bits")
+                f"packed products where they give F.linear's bits")
 
 
 def pack_bf16_linears(model: nn.Module) -> int:
