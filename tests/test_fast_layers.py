@@ -156,10 +156,17 @@ def test_engine_episodes_are_the_same_with_and_without_it(executor, attention, m
 
 
 def _amx_kernels() -> bool:
-    """Whether this machine runs the AMX int8 and bf16 products (then the one-call halves apply to these models)."""
+    """Whether this machine runs the AMX int8 and bf16 products, or the AVX2 ones (a CPU without AVX-512 or native
+    bf16): then the one-call halves apply to these models."""
+    from interq.quant import packed_linear
+    from interq.quant.linear import resolve_int8_backend
+
     mod = kernels.load()
-    return (mod is not None and hasattr(mod, "layer_attn_in") and bool(mod.has_int8_gemm_amx())
-            and bool(mod.has_bf16_gemm_amx()))
+    if mod is None or not hasattr(mod, "layer_attn_in"):
+        return False
+    if mod.has_int8_gemm_amx() and mod.has_bf16_gemm_amx():
+        return True
+    return resolve_int8_backend("auto") == "avx2" and packed_linear.avx2_available()[0]
 
 
 @pytest.mark.parametrize("executor", ["bf16", "w8a8-kv8"])

@@ -8,12 +8,16 @@ import pytest
 import torch
 
 from interq.quant import kernels
-from interq.quant.linear import (INT8_BACKENDS, amx_available, int8_accumulate, resolve_int8_backend, vnni_available,
-                                 vnni_pack)
+from interq.quant.linear import (INT8_BACKENDS, amx_available, avx2_available, int8_accumulate, resolve_int8_backend,
+                                 vnni_available, vnni_pack)
 from interq.quant.testing import random_codes as _codes
 
 AVAILABLE, WHY = amx_available()
 needs_amx = pytest.mark.skipif(not AVAILABLE, reason=f"amx backend: {WHY}")
+AVX2, WHY_AVX2 = avx2_available()
+# the backends whose whole W8A8 linear is one kernel call (whole_linear): amx's int8_linear_amx, avx2's int8_linear_avx2
+WHOLE = [pytest.param("amx", marks=needs_amx),
+         pytest.param("avx2", marks=pytest.mark.skipif(not AVX2, reason=f"avx2 backend: {WHY_AVX2}"))]
 
 
 def test_amx_backend_is_validated_and_auto_prefers_it_where_available():
@@ -88,14 +92,15 @@ def test_int8_accumulate_takes_amx_where_k_allows_and_the_vnni_path_elsewhere(k)
         assert torch.equal(int8_accumulate(a, w, vnni=vnni_pack(w), backend="amx").long(), ref)
 
 
-@needs_amx
+@pytest.mark.parametrize("backend", WHOLE)
 @pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 100, 300])
 @pytest.mark.parametrize("k,kp,sizes", [(576, 576, (576, 192, 192)), (1536, 1536, (576,)), (100, 128, (40, 24)),
                                         (64, 64, (16, 3))])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("scalar_scale", [False, True])
-def test_int8_linear_amx_equals_quantize_accumulate_epilogue_called_in_turn(m, k, kp, sizes, dtype, scalar_scale):
-    from interq.quant.linear import amx_linear, epilogue_split, quant_act_int8
+def test_whole_linear_equals_quantize_accumulate_epilogue_called_in_turn(backend, m, k, kp, sizes, dtype,
+                                                                         scalar_scale):
+    from interq.quant.linear import epilogue_split, quant_act_int8, whole_linear
 
     g = torch.Generator().manual_seed(m + k)
     x = (torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, k, generator=g))).to(dtype)
@@ -107,8 +112,8 @@ def test_int8_linear_amx_equals_quantize_accumulate_epilogue_called_in_turn(m, k
     w = _codes((kp, -(-n // 16) * 16), k)
     s_w = torch.tensor(0.013) if scalar_scale else torch.rand(w.shape[1], generator=g) * 0.01
     q, s_a = quant_act_int8(x, "half_even", 8)
-    ref = epilogue_split(int8_accumulate(q, w, vnni=vnni_pack(w), backend="amx"), s_a, s_w, None, sizes, dtype)
-    got = amx_linear(x, w, vnni_pack(w), s_w, sizes, None, "half_even", 8, dtype, True)
+    ref = epilogue_split(int8_accumulate(q, w, vnni=vnni_pack(w), backend=backend), s_a, s_w, None, sizes, dtype)
+    got = whole_linear(x, w, vnni_pack(w), s_w, sizes, None, "half_even", 8, dtype, backend)
     assert got is not None and len(got) == len(sizes)
     for a, b, size in zip(got, ref, sizes):
         assert a.shape == (m, size) and a.is_contiguous()
@@ -116,14 +121,16 @@ def test_int8_linear_amx_equals_quantize_accumulate_epilogue_called_in_turn(m, k
                            b.view(torch.int16) if dtype != torch.float32 else b.view(torch.int32))  # bits, NaNs too
 
 
-@needs_amx
-def test_amx_linear_declines_what_it_does_not_compute():
-    from interq.quant.linear import amx_linear
+@pytest.mark.parametrize("backend", WHOLE)
+def test_whole_linear_declines_what_it_does_not_compute(backend):
+    from interq.quant.linear import whole_linear
 
     x, w = torch.randn(4, 64), _codes((64, 16), 0)
     s = torch.ones(16)
-    assert amx_linear(x, w, vnni_pack(w), s, (16,), torch.zeros(16), "half_even", 8, torch.float32, True) is None
-    assert amx_linear(x, w, vnni_pack(w), s, (16,), None, "half_away", 8, torch.float32, True) is None
-    assert amx_linear(x, w, vnni_pack(w), s, (16,), None, "half_even", 8, torch.float32, False) is None
-    assert amx_linear(x, _codes((72, 16), 0), vnni_pack(_codes((72, 16), 0)), s, (16,), None, "half_even", 8,
-                      torch.float32, True) is None  # Kp not a multiple of 64
+    assert whole_linear(x, w, vnni_pack(w), s, (16,), torch.zeros(16), "half_even", 8, torch.float32, backend) is None
+    assert whole_linear(x, w, vnni_pack(w), s, (16,), None, "half_away", 8, torch.float32, backend) is None
+    assert whole_linear(x, w, vnni_pack(w), s, (16,), None, "half_even", 8, torch.float32, "int_mm") is None
+    assert whole_linear(x, w, None, s, (16,), None, "half_even", 8, torch.float32, backend) is None
+    if backend == "amx":
+        assert whole_linear(x, _codes((72, 16), 0), vnni_pack(_codes((72, 16), 0)), s, (16,), None, "half_even", 8,
+                            torch.float32, backend) is None  # Kp not a multiple of 64

@@ -26,7 +26,7 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   for the tiles): the ``amx`` backend, 3x the VNNI kernel and 3.7x ``_int_mm`` at prefill sizes on one core
 - ``int8_linear_amx(x, packed, s_w, sizes, qmax, dtype)``: ``quant_act_int8``, ``int8_gemm_amx`` and ``epilogue``
   in one call (the rows quantized over the threads, each accumulator block turned into the members' outputs in
-  cache), the same values: the ``amx`` backend's whole linear where it applies (:func:`interq.quant.linear.amx_linear`)
+  cache), the same values: the ``amx`` backend's whole linear where it applies (:func:`interq.quant.linear.whole_linear`)
 - ``torch_row_sums(x, lanes)`` / ``rms_norm_bf16(x, w, eps, lanes)``: torch's CPU float sum of each row in torch's own
   order (its vectors of ``lanes`` floats, accumulators and cascade), and transformers' Llama / Qwen RMSNorm of bf16
   rows with that sum, bit for bit (:mod:`interq.quant.rms_norm`)
@@ -181,7 +181,7 @@ def _build(openmp: bool, verbose: bool):
     return name, load_inline(name, cpp_sources=[_SRC.read_text()],
                              functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
                                         "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
-                                        "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2",
+                                        "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2", "int8_linear_avx2",
                                         "has_int8_gemm_amx",
                                         "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
                                         "has_bf16_linear_avx2", "bf16_linear_avx2", "bf16_avx2_k_order",

@@ -268,42 +268,48 @@ def int8_linear(x2: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: 
     accumulator comes from that backend instead of ``torch._int_mm`` (:func:`int8_accumulate`): the same int32 values. ``a_bits`` < 8
     narrows the activation codes (still int8 tensors); narrower weight codes arrive as they are in ``wq_t``: the
     GEMM and the epilogue do not change."""
-    whole = amx_linear(x2, wq_t, vnni, s_w, (n_out,), bias, rounding, a_bits, out_dtype, backend == "amx")
+    whole = whole_linear(x2, wq_t, vnni, s_w, (n_out,), bias, rounding, a_bits, out_dtype, backend)
     if whole is not None:
         return whole[0]
     q, s_a = quant_act_int8(x2, rounding, a_bits)  # [M, K] int8, [M, 1] fp32
     return int8_gemm(q, s_a, wq_t, s_w, n_out, bias, out_dtype, codes_f32, vnni, backend)
 
 
-_AMX_LINEAR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_WHOLE_LINEAR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def amx_linear(x2: torch.Tensor, wq_t: torch.Tensor, vnni: torch.Tensor | None, s_w: torch.Tensor,
-               sizes: tuple[int, ...], bias: torch.Tensor | None, rounding: str, a_bits: int,
-               out_dtype: torch.dtype, amx: bool) -> list[torch.Tensor] | None:
+def whole_linear(x2: torch.Tensor, wq_t: torch.Tensor, vnni: torch.Tensor | None, s_w: torch.Tensor,
+                 sizes: tuple[int, ...], bias: torch.Tensor | None, rounding: str, a_bits: int,
+                 out_dtype: torch.dtype, backend: str) -> list[torch.Tensor] | None:
     """The whole W8A8 linear (activation quantization, accumulator, each member's epilogue) in one call of the
-    kernels' ``int8_linear_amx`` where it applies (the ``amx`` backend on the CPU, no bias, half-even activation
-    rounding, no autograd): the values of :func:`quant_act_int8`, :func:`int8_accumulate` and
-    :func:`epilogue_split` called in turn (tested), one contiguous [M, N_i] tensor per member; None elsewhere."""
-    if not amx_linear_applies(wq_t, vnni, bias, rounding, amx) or not amx_linear_takes(x2):
+    kernels' ``int8_linear_amx`` or ``int8_linear_avx2`` where it applies (:func:`whole_linear_kernel`, no
+    autograd): the values of :func:`quant_act_int8`, :func:`int8_accumulate` and :func:`epilogue_split` called in
+    turn (tested), one contiguous [M, N_i] tensor per member; None elsewhere."""
+    name = whole_linear_kernel(wq_t, vnni, bias, rounding, backend)
+    if name is None or not whole_linear_takes(x2):
         return None
     mod = kernels.get()
-    if mod is None or x2.dim() != 2 or out_dtype not in _AMX_LINEAR_DTYPES:
+    if mod is None or x2.dim() != 2 or out_dtype not in _WHOLE_LINEAR_DTYPES:
         return None
-    return mod.int8_linear_amx(x2.contiguous(), vnni, s_w, list(sizes), int_qmax(a_bits), out_dtype)
+    return getattr(mod, name)(x2.contiguous(), vnni, s_w, list(sizes), int_qmax(a_bits), out_dtype)
 
 
-def amx_linear_applies(wq_t: torch.Tensor, vnni: torch.Tensor | None, bias: torch.Tensor | None, rounding: str,
-                       amx: bool) -> bool:
-    """The conditions of :func:`amx_linear` on the module (fixed until its weights or backend change): the ``amx``
-    backend's packed weights, K padded to a multiple of 64, no bias, half-even activation rounding."""
-    return amx and vnni is not None and bias is None and rounding == "half_even" and wq_t.shape[0] % 64 == 0
+def whole_linear_kernel(wq_t: torch.Tensor, vnni: torch.Tensor | None, bias: torch.Tensor | None, rounding: str,
+                        backend: str) -> str | None:
+    """The kernel of :func:`whole_linear` for the module (fixed until its weights or backend change), or None: the
+    packed weights of the ``amx`` backend with K padded to a multiple of 64 (``int8_linear_amx``) or of the ``avx2``
+    backend (``int8_linear_avx2``), no bias, half-even activation rounding."""
+    if vnni is None or bias is not None or rounding != "half_even":
+        return None
+    if backend == "amx" and wq_t.shape[0] % 64 == 0:
+        return "int8_linear_amx"
+    return "int8_linear_avx2" if backend == "avx2" else None
 
 
-def amx_linear_takes(x: torch.Tensor) -> bool:
-    """The conditions of :func:`amx_linear` on its input (its output has the input's dtype): a CPU tensor of a dtype
-    the kernel reads, no autograd."""
-    return x.device.type == "cpu" and not x.requires_grad and x.dtype in _AMX_LINEAR_DTYPES
+def whole_linear_takes(x: torch.Tensor) -> bool:
+    """The conditions of :func:`whole_linear` on its input (its output has the input's dtype): a CPU tensor of a
+    dtype the kernel reads, no autograd."""
+    return x.device.type == "cpu" and not x.requires_grad and x.dtype in _WHOLE_LINEAR_DTYPES
 
 
 def int8_gemm(q: torch.Tensor, s_a: torch.Tensor, wq_t: torch.Tensor, s_w: torch.Tensor, n_out: int,
@@ -462,8 +468,8 @@ class FusedQuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [..., K] -> one [..., N_i] tensor per member (contiguous, x's dtype)."""
         x2 = x.reshape(-1, self.in_features)  # [M, K]
-        outs = amx_linear(x2, self.weight_q, self.weight_vnni, self.weight_scale, self.sizes, self.bias,
-                          self.qcfg.a_int8_rounding, self.qcfg.a_bits, x.dtype, self.int8_backend == "amx")
+        outs = whole_linear(x2, self.weight_q, self.weight_vnni, self.weight_scale, self.sizes, self.bias,
+                            self.qcfg.a_int8_rounding, self.qcfg.a_bits, x.dtype, self.int8_backend)
         if outs is not None:
             return tuple(o.reshape(*x.shape[:-1], n) for o, n in zip(outs, self.sizes))
         q, s_a = quant_act_int8(x2, self.qcfg.a_int8_rounding, self.qcfg.a_bits)  # [M, K], [M, 1]

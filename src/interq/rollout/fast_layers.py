@@ -58,35 +58,40 @@ def use_fast_layers(enabled: bool, fused: bool = True) -> None:
 
 def _int8_call(module: nn.Module, sizes: list[int]):
     """x [..., K] -> a list of [M, N_i] outputs (or None: the module's own forward is needed) by one call of the
-    kernels' ``int8_linear_amx``, for an int8 module (:class:`QuantLinear` or a :class:`FusedQuantLinear` group)
-    whose forward would make that same call (:func:`interq.quant.linear.amx_linear`: its module-side conditions
-    checked here once, its input-side ones per call); None for other modules."""
+    kernels' ``int8_linear_amx`` or ``int8_linear_avx2``, for an int8 module (:class:`QuantLinear` or a
+    :class:`FusedQuantLinear` group) whose forward would make that same call (:func:`interq.quant.linear.whole_linear`:
+    its module-side conditions checked here once, its input-side ones per call); None for other modules. The
+    kernel's name is the call's ``kernel`` attribute."""
     from interq.quant import kernels
-    from interq.quant.linear import amx_linear_applies, amx_linear_takes
+    from interq.quant.linear import whole_linear_kernel, whole_linear_takes
 
     mod = kernels.get()
     qcfg = getattr(module, "qcfg", None)
-    if (mod is None or not hasattr(mod, "int8_linear_amx") or qcfg is None or qcfg.w_format != "int8"
-            or not amx_linear_applies(module.weight_q, getattr(module, "weight_vnni", None), module.bias,
-                                      qcfg.a_int8_rounding, getattr(module, "int8_backend", None) == "amx")):
+    if mod is None or qcfg is None or qcfg.w_format != "int8":
         return None
-    k, qmax, buffers = module.in_features, _qmax(module), module._buffers
+    name = whole_linear_kernel(module.weight_q, getattr(module, "weight_vnni", None), module.bias,
+                               qcfg.a_int8_rounding, getattr(module, "int8_backend", None))
+    if name is None or not hasattr(mod, name):
+        return None
+    k, qmax, buffers, kernel = module.in_features, _qmax(module), module._buffers, getattr(mod, name)
 
     def call(x):
-        if not amx_linear_takes(x):
+        if not whole_linear_takes(x):
             return None
-        return mod.int8_linear_amx(x.reshape(-1, k).contiguous(), buffers["weight_vnni"], buffers["weight_scale"],
-                                   sizes, qmax, x.dtype)
+        return kernel(x.reshape(-1, k).contiguous(), buffers["weight_vnni"], buffers["weight_scale"], sizes, qmax,
+                      x.dtype)
+
+    call.kernel = name
 
     return call
 
 
 def _bf16_call(module: nn.Module):
-    """x [..., K] -> [[M, N]] (or None: the module's own forward is needed) by one call of the kernels' AMX-BF16
-    product, for a :class:`~interq.quant.packed_linear.PackedBf16Linear` whose forward would make that same call
+    """x [..., K] -> [[M, N]] (or None: the module's own forward is needed) by one call of the kernels' AMX-BF16 or
+    AVX2 product, for a :class:`~interq.quant.packed_linear.PackedBf16Linear` whose forward would make that same call
     (:meth:`~interq.quant.packed_linear.PackedBf16Linear.product`); None for other modules."""
     from interq.quant import kernels
-    from interq.quant.packed_linear import PackedBf16Linear, _amx_product
+    from interq.quant.packed_linear import PackedBf16Linear, _amx_product, _avx2_product
 
     mod = kernels.get()
     if type(module) is not PackedBf16Linear or mod is None or not hasattr(mod, "bf16_linear_amx"):
@@ -95,9 +100,11 @@ def _bf16_call(module: nn.Module):
 
     def call(x):
         product, kb, m = module.product(x)
-        if product != "amx":
-            return None
-        return [_amx_product(x.view(m, k), module.amx_weight(), n, module.bias, kb)]
+        if product == "amx":
+            return [_amx_product(x.view(m, k), module.amx_weight(), n, module.bias, kb)]
+        if product == "avx2":
+            return [_avx2_product(x.view(m, k), module.avx2_weight(), n, module.bias)]
+        return None
 
     return call
 
@@ -166,10 +173,11 @@ def _norm(norm: nn.Module):
 class _Linears:
     """One linear (or fused group) of a layer as the kernels' ``layer_attn_in`` / ``layer_attn_out`` take it:
     ``spec(m, key)`` -> (kind, tensors, ints) for an input of m rows, or None where the module's own forward
-    would run another product (then the layer takes the step-by-step path). Kind 0: a W8A8 group whose forward
-    makes one ``int8_linear_amx`` call (:func:`_int8_call`'s conditions); kind 1: :class:`PackedBf16Linear` modules
-    without a bias whose product at m rows is interq's AMX-BF16 kernel (``product_choice``, asked once per row
-    count, thread count and AMX switch: ``key``, as their forward asks it)."""
+    would run another product (then the layer takes the step-by-step path). Kind 0 / 2: a W8A8 group whose forward
+    makes one ``int8_linear_amx`` / ``int8_linear_avx2`` call (:func:`_int8_call`'s conditions); kind 1 / 3:
+    :class:`PackedBf16Linear` modules without a bias whose product at m rows is interq's AMX-BF16 / AVX2 kernel
+    (``product_choice``, asked once per row count, thread count and product switches: ``key``, as their forward
+    asks it)."""
 
     def __init__(self, mods: list[nn.Module], n_out: int):
         from interq.quant.linear import FusedQuantLinear, QuantLinear
@@ -179,35 +187,37 @@ class _Linears:
         if any(_patched(m) for m in (*mods, getattr(mods[0], "group", None))):
             return
         group = _whole_group(mods)
-        if (len(mods) == n_out and type(group) is FusedQuantLinear
-                and _int8_call(group, list(group.sizes)) is not None):
-            self.kind, self.buffers = 0, group._buffers
-            self.ints = [_qmax(group), *group.sizes]
-        elif (len(mods) == 1 == n_out and type(mods[0]) is QuantLinear
-              and _int8_call(mods[0], [mods[0].out_features]) is not None):
-            self.kind, self.buffers = 0, mods[0]._buffers
-            self.ints = [_qmax(mods[0]), mods[0].out_features]
+        int8 = group if len(mods) == n_out and type(group) is FusedQuantLinear else (
+            mods[0] if len(mods) == 1 == n_out and type(mods[0]) is QuantLinear else None)
+        call = None if int8 is None else _int8_call(int8, list(getattr(int8, "sizes", [int8.out_features])))
+        if call is not None:
+            self.kind, self.buffers = (0 if call.kernel == "int8_linear_amx" else 2), int8._buffers
+            self.ints = [_qmax(int8), *getattr(int8, "sizes", [int8.out_features])]
         elif (len(mods) == n_out and all(type(m) is PackedBf16Linear and m.bias is None for m in mods)
               and _bf16_call(mods[0]) is not None):
-            self.kind = 1
+            self.kind = 1  # or 3: whichever product the modules take at m rows (spec)
 
     def spec(self, m: int, key: tuple):
-        if self.kind == 0:
+        if self.kind in (0, 2):
             b = self.buffers
-            return 0, [b["weight_vnni"], b["weight_scale"]], self.ints
-        if self.kind is None or not key[-1]:  # no AMX product: the module's forward takes another
+            return self.kind, [b["weight_vnni"], b["weight_scale"]], self.ints
+        if self.kind is None or not any(key[2:]):  # no AMX or AVX2 product: the module's forward takes another
             return None
         kbs = self.kbs.get(key)
         if kbs is None:
             from interq.quant.packed_linear import PACKED_MAX_M, product_choice
 
-            choices = [product_choice(mod.in_features, mod.out_features, False, m) if 0 < m <= PACKED_MAX_M
-                       else ("linear", 0) for mod in self.mods]
-            kbs = self.kbs[key] = [kb for _, kb in choices] if all(c == "amx" for c, _ in choices) else []
+            choices = [product_choice(mod.in_features, mod.out_features, False, m)
+                       if 0 < m and (m <= PACKED_MAX_M or key[3]) else ("linear", 0) for mod in self.mods]
+            products = {c for c, _ in choices}
+            kbs = self.kbs[key] = ((products.pop(), [kb for _, kb in choices])
+                                   if len(products) == 1 and products <= {"amx", "avx2"} else ())
         if not kbs:
             return None
-        return 1, [mod.amx_weight() for mod in self.mods], [v for mod, kb in zip(self.mods, kbs)
-                                                            for v in (mod.out_features, kb)]
+        product, blocks = kbs
+        weights = [mod.amx_weight() if product == "amx" else mod.avx2_weight() for mod in self.mods]
+        return (1 if product == "amx" else 3), weights, [v for mod, kb in zip(self.mods, blocks)
+                                                         for v in (mod.out_features, kb)]
 
 
 def _qmax(module: nn.Module) -> int:
@@ -252,9 +262,9 @@ class _Fused:
 
     def specs(self, m: int):
         """The four linears' specs for m rows at the current thread count, or None (the step-by-step path)."""
-        from interq.quant.packed_linear import _amx_on
+        from interq.quant.packed_linear import _amx_on, _avx2_on
 
-        key = (m, torch.get_num_threads(), _amx_on())
+        key = (m, torch.get_num_threads(), _amx_on(), _avx2_on())
         specs = [lin.spec(m, key) for lin in (self.qkv, self.o, self.gate_up, self.down)]
         return None if any(sp is None for sp in specs) else specs
 

@@ -15,6 +15,7 @@
 //   int8_gemm_avx2: the same accumulator from the same packed weights on AVX2 without VNNI (int16 products)
 //   int8_gemm_amx:  the same accumulator from the same packed weights by AMX-INT8 tiles, any number of rows
 //   int8_linear_amx: quant_act_int8, int8_gemm_amx and epilogue in one call, the same values
+//   int8_linear_avx2: quant_act_int8, int8_gemm_avx2 and epilogue in one call, the same values
 //   bf16_linear_amx: F.linear of bf16 by AMX-BF16 tiles, oneDNN's sums where the caller's probe says so
 //   bf16_linear_avx2: F.linear of bf16 where torch runs its reference kernel (no native bf16), its sums, 16 columns at once
 //   rms_norm_bf16:  transformers' Llama / Qwen RMSNorm of bf16 rows with torch's summation order (interq.quant.rms_norm)
@@ -799,6 +800,22 @@ torch::Tensor int8_gemm_avx2(torch::Tensor a, torch::Tensor packed, int64_t n) {
   TORCH_CHECK(false, "int8_gemm_avx2: this build has no AVX2 (see has_int8_gemm_avx2)");
   return a;
 #endif
+}
+
+// x [M, K] (float32, bfloat16 or float16), packed from pack_int8_vnni of the codes [Kp, Np] (K <= Kp), s_w fp32
+// [>= sum(sizes)] or one scale, sizes: the members' columns, qmax: the activation codes' bound -> one contiguous
+// [M, sizes[i]] tensor per member in out_dtype: quant_act_int8, int8_gemm_avx2 (the codes zero-padded to Kp) and
+// epilogue called in turn, as interq.quant.linear calls them for the avx2 backend, without the Python between them
+std::vector<torch::Tensor> int8_linear_avx2(torch::Tensor x, torch::Tensor packed, torch::Tensor s_w,
+                                            std::vector<int64_t> sizes, int64_t qmax, torch::ScalarType out_dtype) {
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 4, "int8_linear_avx2: x must be 2-D and packed from pack_int8_vnni");
+  const int64_t k = x.size(1), kp = 4 * packed.size(1);
+  TORCH_CHECK(k <= kp, "int8_linear_avx2: x has K = ", k, ", more than the packed ", kp);
+  int64_t total = 0;
+  for (auto n : sizes) total += n;
+  auto qs = quant_act_int8(x, qmax);  // {codes [M, K], s_a [M, 1]}
+  const torch::Tensor q = k == kp ? qs[0] : torch::constant_pad_nd(qs[0], {0, kp - k});
+  return epilogue(int8_gemm_avx2(q, packed, total), qs[1], s_w, sizes, out_dtype);
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -2725,20 +2742,24 @@ torch::Tensor race_argmax(torch::Tensor probs, torch::Tensor race) {
 // Python calls between them (at decode sizes those calls, not the kernels, were most of a layer's time). A linear
 // comes as (kind, tensors, ints): kind 0, a W8A8 group on AMX: {packed, s_w}, {qmax, n_1, ..., n_k}; kind 1, AMX-BF16
 // products without a bias: {packed_1, ..., packed_k}, {n_1, kb_1, ..., n_k, kb_k}. The caller checks that each
-// product is the one the module's own forward would run (interq.quant.linear.amx_linear_applies / takes,
+// product is the one the module's own forward would run (interq.quant.linear.whole_linear_kernel / whole_linear_takes,
 // interq.quant.packed_linear.product_choice) before it asks for these.
 namespace {
 std::vector<torch::Tensor> layer_linear(const torch::Tensor& x, int64_t kind, const std::vector<torch::Tensor>& t,
                                         const std::vector<int64_t>& ints) {
-  if (kind == 0) {
+  if (kind == 0 || kind == 2) {
     TORCH_CHECK(t.size() == 2 && ints.size() >= 2, "layer kernels: an int8 linear takes {packed, s_w}, {qmax, n...}");
-    return int8_linear_amx(x, t[0], t[1], std::vector<int64_t>(ints.begin() + 1, ints.end()), ints[0],
-                           x.scalar_type());
+    const std::vector<int64_t> sizes(ints.begin() + 1, ints.end());
+    return kind == 0 ? int8_linear_amx(x, t[0], t[1], sizes, ints[0], x.scalar_type())
+                     : int8_linear_avx2(x, t[0], t[1], sizes, ints[0], x.scalar_type());
   }
-  TORCH_CHECK(kind == 1 && !t.empty() && ints.size() == 2 * t.size(),
-              "layer kernels: kind must be 0 (int8: {packed, s_w}, {qmax, n...}) or 1 (bf16: {packed...}, {n, kb, ...})");
+  TORCH_CHECK((kind == 1 || kind == 3) && !t.empty() && ints.size() == 2 * t.size(),
+              "layer kernels: kind must be 0 / 2 (int8 by AMX / AVX2: {packed, s_w}, {qmax, n...}) or 1 / 3 (bf16 by "
+              "AMX / AVX2: {packed...}, {n, kb, ...})");
   std::vector<torch::Tensor> outs;
-  for (size_t i = 0; i < t.size(); ++i) outs.push_back(bf16_linear_amx(x, t[i], ints[2 * i], c10::nullopt, ints[2 * i + 1]));
+  for (size_t i = 0; i < t.size(); ++i)
+    outs.push_back(kind == 1 ? bf16_linear_amx(x, t[i], ints[2 * i], c10::nullopt, ints[2 * i + 1])
+                             : bf16_linear_avx2(x, t[i], ints[2 * i], c10::nullopt));
   return outs;
 }
 }  // namespace
