@@ -52,7 +52,7 @@ def test_each_case_takes_the_product_its_choice_names(monkeypatch):
     for name in ("_packed_product", "_amx_product", "_avx2_product"):
         real = getattr(packed_linear, name)
         monkeypatch.setattr(packed_linear, name, lambda *a, _n=name, _r=real: calls.append((_n, a[0].shape[0])) or _r(*a))
-    key = (64, 40, True, 5, torch.get_num_threads(), packed_linear._amx_on(), packed_linear._avx2_on())
+    key = packed_linear._choice_key(64, 40, True, 5)
     x = torch.randn(5, 64).to(torch.bfloat16)
     ref = nn.functional.linear(x, lin.weight, lin.bias)
     monkeypatch.setitem(packed_linear._CHOICES, key, ("linear", 0))  # as where neither product gives its bits
@@ -208,6 +208,22 @@ def test_avx2_product_is_f_linear_where_torch_runs_its_reference_kernel():
         assert mod.product(torch.randn(16, 576).to(torch.bfloat16))[0] == "linear"
     finally:
         packed_linear.use_avx2_product(True)
+    # every prefill length shares one probe: one for one row, one for more, at any thread count
+    assert packed_linear._choice_key(576, 192, True, 300) == packed_linear._choice_key(576, 192, True, 2)
+    assert packed_linear._choice_key(576, 192, True, 1) != packed_linear._choice_key(576, 192, True, 2)
+
+
+@pytest.mark.skipif(NATIVE_BF16 or not AVX2_KERNEL, reason="no AVX2 product here")
+def test_a_first_ask_while_the_kernels_are_off_does_not_keep_the_avx2_product_off(monkeypatch):
+    monkeypatch.setitem(packed_linear._AVX2, "here", None)  # not asked yet in this process
+    mod = PackedBf16Linear.from_linear(_linear(64, 40, False, 2))
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    kernels.set_enabled(False)
+    try:
+        assert mod.product(x)[0] == "linear"
+    finally:
+        kernels.set_enabled(True)
+    assert mod.product(x)[0] == "avx2"
 
 
 @needs_avx2_kernel

@@ -125,9 +125,10 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backen
 
     ``pack_bf16``: the linears that stay ``nn.Linear`` with bf16 weights (``lm_head``; every linear of a bf16
     executor) become :class:`~interq.quant.packed_linear.PackedBf16Linear` where the CPU's bf16 GEMMs are oneDNN's:
-    up to 256 rows, interq's AMX-BF16 kernel or the weight packed once for oneDNN instead of at every call. Speed
+    up to 256 rows, interq's AMX-BF16 kernel or the weight packed once for oneDNN instead of at every call; on CPUs
+    without native bf16, at any row count, interq's AVX2 product with the sums of torch's own bf16 kernel there. Speed
     only: the same bits as ``F.linear`` (each shape, row count and thread count checked at its first call;
-    ``F.linear`` where neither product gives its bits).
+    ``F.linear`` where no product gives its bits).
 
     ``fuse_norms``: transformers' Llama / Qwen / Mistral RMSNorms with bf16 weights on the CPU become
     :class:`~interq.quant.rms_norm.FusedRMSNorm`: one kernel call instead of eight eager ops. Speed only: the same

@@ -11,7 +11,7 @@
   weights packed for ``vpdpbusd``, and with ``_int_mm`` above. On CPUs with AMX-INT8 (Intel Sapphire Rapids and
   later) the ``amx`` backend computes it for any number of rows from the same packed weights with AMX tiles
   (``int8_gemm_amx``: about 1.2-1.7 TOPS on one core from 64 rows up, against 0.3-0.65 for the VNNI kernel and
-  ``_int_mm``). On CPUs with AVX2 but no AVX-512 (AMD Zen 2 / 3, Intel before Ice Lake) the ``avx2`` backend computes
+  ``_int_mm``). On CPUs with AVX2 but no AVX-512 (AMD Zen 2 / 3, Intel client CPUs) the ``avx2`` backend computes
   it for any number of rows from the same packed weights (``int8_gemm_avx2``: int16 products by ``vpmaddwd``; at
   decode sizes about twice ``fp32_exact``, which reads the codes as fp32, and level with it at prefill sizes). The
   backend never changes a single bit of output.

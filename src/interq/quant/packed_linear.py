@@ -107,7 +107,7 @@ def _packed_product(x2: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor |
     return torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")  # [M, N]
 
 
-_CHOICES: dict[tuple, tuple[str, int]] = {}  # (in, out, bias, rows, threads, amx on, avx2 on) -> (product, kb)
+_CHOICES: dict[tuple, tuple[str, int]] = {}  # _choice_key -> (product, kb)
 _LAST_KB: dict[tuple[int, int], int] = {}  # (in, out) -> the K blocking that last gave F.linear's bits
 _AMX = {"enabled": True}
 _AVX2: dict = {"enabled": True}
@@ -156,12 +156,20 @@ def use_avx2_product(enabled: bool) -> None:
 
 
 def _avx2_on() -> bool:
-    """Whether the AVX2 product is on and can run (asked once; turning the kernels off is seen)."""
+    """Whether the AVX2 product is on and can run (asked once while the kernels are on; turning them off is seen)."""
+    return _product_on(_AVX2, avx2_available)
+
+
+def _product_on(state: dict, available) -> bool:
+    """``state``'s switch and whether its product can run here: ``available()`` is asked once, while interq's kernels
+    are on (an answer got while they were turned off would keep the product off after they are turned on again)."""
     from interq.quant import kernels
 
-    if _AVX2.get("here") is None:
-        _AVX2["here"] = avx2_available()[0]
-    return _AVX2["enabled"] and _AVX2["here"] and kernels.get() is not None
+    if not state["enabled"] or kernels.get() is None:
+        return False
+    if state.get("here") is None:
+        state["here"] = available()[0]
+    return state["here"]
 
 
 def pack_bf16_avx2(weight: torch.Tensor) -> torch.Tensor:
@@ -183,11 +191,7 @@ def _avx2_product(x2: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Te
 
 def _amx_on() -> bool:
     """Whether the AMX product is on and can run (the kernels' build is asked once; turning the kernels off is seen)."""
-    from interq.quant import kernels
-
-    if _AMX.get("here") is None:
-        _AMX["here"] = amx_available()[0]
-    return _AMX["enabled"] and _AMX["here"] and kernels.get() is not None
+    return _product_on(_AMX, amx_available)
 
 
 def pack_bf16_amx(weight: torch.Tensor) -> torch.Tensor:
@@ -211,6 +215,15 @@ def _kb_candidates(k: int, n: int) -> list[int]:
     return list(dict.fromkeys(order))
 
 
+def _choice_key(k: int, n: int, bias: bool, rows: int) -> tuple:
+    """:func:`product_choice`'s case: (in, out, bias, rows, threads, amx on, avx2 on); with the AVX2 product on, rows
+    are 1 or 2 (one row or more) and threads 0 (any)."""
+    amx, avx2 = _amx_on(), _avx2_on()
+    if avx2:
+        return k, n, bias, min(rows, 2), 0, amx, avx2
+    return k, n, bias, rows, torch.get_num_threads(), amx, avx2
+
+
 def product_choice(k: int, n: int, bias: bool, rows: int) -> tuple[str, int]:
     """Which product gives ``F.linear``'s bits for ``rows`` rows of an [n, k] bf16 weight (with a bias or not) at
     the current thread count: ``("amx", kb)`` (interq's AMX-BF16 kernel with K blocks of ``kb`` chunks of 32),
@@ -218,10 +231,12 @@ def product_choice(k: int, n: int, bias: bool, rows: int) -> tuple[str, int]:
     per process on a probe built to expose any other summation order (:func:`_probe`), then remembered for every
     module of that shape. Which kernel oneDNN runs, and how it splits the sums, depends on the shapes and the
     threads, not on the values. On CPUs without native bf16: ``("avx2", 0)`` (interq's AVX2 product) or
-    ``("linear", 0)``, probed on ``AVX2_PROBE_N`` columns (each output there is one dot product computed alone, the
-    same at any column count: the probe's cost stays small at prefill row counts)."""
-    amx, avx2 = _amx_on(), _avx2_on()
-    key = (k, n, bias, rows, torch.get_num_threads(), amx, avx2)
+    ``("linear", 0)``, probed on ``AVX2_PROBE_N`` columns and at most 2 rows, once for one row and once for more,
+    at any thread count: there torch computes each output alone as one dot product in a fixed order, one row by its
+    matrix-vector path, more by its matrix path, the threads splitting the outputs (so prefills of every length
+    share one probe)."""
+    key = _choice_key(k, n, bias, rows)
+    rows, amx, avx2 = key[3], key[5], key[6]
     choice = _CHOICES.get(key)
     if choice is None:
         choice = ("linear", 0)
@@ -321,7 +336,8 @@ class PackedBf16Linear(nn.Module):
         # strided inputs too: F.linear takes another path for them (a batched matmul), with other sums
         if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or m <= 0 or not x.is_contiguous()
                 or (m > PACKED_MAX_M and not _avx2_on())
-                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad
+                                                 or (self.bias is not None and self.bias.requires_grad)))):
             return "linear", 0, m
         return (*product_choice(self.in_features, self.out_features, self.bias is not None, m), m)
 

@@ -203,6 +203,8 @@ class _Linears:
             return self.kind, [b["weight_vnni"], b["weight_scale"]], self.ints
         if self.kind is None or not any(key[2:]):  # no AMX or AVX2 product: the module's forward takes another
             return None
+        if key[3]:  # the AVX2 product's choice is one for one row, one for more (product_choice)
+            key = (min(m, 2), *key[1:])
         kbs = self.kbs.get(key)
         if kbs is None:
             from interq.quant.packed_linear import PACKED_MAX_M, product_choice
