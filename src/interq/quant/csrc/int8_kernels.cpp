@@ -698,10 +698,11 @@ torch::Tensor int8_gemm_vnni(torch::Tensor a, torch::Tensor packed, int64_t n) {
 // columns of four k each) widens to 16 int16, the row's four activation codes (as int16) are broadcast, and vpmaddwd
 // leaves two partial sums per column (k0 + k1, k2 + k3) in 32-bit lanes, added up at the end of the tile. The same
 // offset as int8_gemm_vnni: the weights are stored + 128, so 128 * sum_k a[m, k] is subtracted at the end. Integer
-// arithmetic throughout: exact, any order, the values of torch._int_mm. Tiles of up to 4 rows x 8 columns (half a
-// packed line: 8 accumulators, 4 activation, 1 weight and 1 product register of the 16; 3 rows x 16 columns spilled
-// 9 of its 12 accumulators to the stack, at a third of this speed); each thread streams its own 16-column panels, the
-// weights read once from memory and again from cache for the panel's other row tiles.
+// arithmetic throughout: exact, any order, the values of torch._int_mm. Tiles of up to 3 rows x 8 columns (half a
+// packed line: 6 accumulators, 3 activation and 2 weight registers of the 16, none spilled; 3 rows x 16 columns
+// spilled 9 of its 12 accumulators to the stack, 4 x 8 one, and a spilled accumulator's store-to-load round trip
+// bounds every iteration: 0.80-1.3x fp32_exact's time at 2,240 rows instead of 1.3x); each thread streams its own
+// 16-column panels, the weights read once from memory and again from cache for the other row tiles.
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -714,7 +715,8 @@ bool has_int8_gemm_avx2() { return INTERQ_AVX2_GEMM; }
 
 #if INTERQ_AVX2_GEMM
 namespace {
-constexpr int kAvx2MaxRows = 4;
+constexpr int kAvx2MaxRows = 3;  // rows per tile
+constexpr int64_t kAvx2RowBlock = 30;  // 30 rows (10 tiles) of K = 1,536 int16 codes: 90 KiB, in the core's L2
 
 // a16: int16 activation codes with row stride lda; w: half of one 16-column block of the packed weight (its columns
 // 8h .. 8h + 7: 32 bytes of each of the k4 lines of 64 bytes), ncols <= 8 of them stored
@@ -778,16 +780,21 @@ torch::Tensor int8_gemm_avx2(torch::Tensor a, torch::Tensor packed, int64_t n) {
   }
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   int32_t* op = out.data_ptr<int32_t>();
-  const int64_t tiles = (m + kAvx2MaxRows - 1) / kAvx2MaxRows;
-  const int64_t rows_per_tile = (m + tiles - 1) / tiles;
+  // rows in blocks of kAvx2RowBlock, each block's int16 codes kept in cache while the thread's column blocks pass
+  // over them (at prefill sizes, re-reading all rows for every 8 columns was slower than fp32_exact); each block
+  // split into balanced tiles of at most kAvx2MaxRows rows
   at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      for (int64_t h = 0; h < 2; ++h) {  // the block's two halves of 8 columns
-        const int64_t ncols = std::min<int64_t>(n - 16 * b - 8 * h, 8);
-        if (ncols <= 0) break;
-        const uint8_t* w = wp + b * k4 * 64 + 32 * h;
-        for (int64_t r0 = 0; r0 < m; r0 += rows_per_tile) {
-          const int rows = static_cast<int>(std::min<int64_t>(rows_per_tile, m - r0));
+    for (int64_t rb = 0; rb < m; rb += kAvx2RowBlock) {
+      const int64_t rend = std::min<int64_t>(m, rb + kAvx2RowBlock);
+      const int64_t tiles = (rend - rb + kAvx2MaxRows - 1) / kAvx2MaxRows;
+      const int64_t rows_per_tile = (rend - rb + tiles - 1) / tiles;
+      for (int64_t b = b0; b < b1; ++b) {
+        for (int64_t h = 0; h < 2; ++h) {  // the block's two halves of 8 columns
+          const int64_t ncols = std::min<int64_t>(n - 16 * b - 8 * h, 8);
+          if (ncols <= 0) break;
+          const uint8_t* w = wp + b * k4 * 64 + 32 * h;
+          for (int64_t r0 = rb; r0 < rend; r0 += rows_per_tile) {
+          const int rows = static_cast<int>(std::min<int64_t>(rows_per_tile, rend - r0));
           const int16_t* ar = a16.data() + r0 * k;
           int32_t* o = op + r0 * n + 16 * b + 8 * h;
           switch (rows) {
@@ -795,6 +802,7 @@ torch::Tensor int8_gemm_avx2(torch::Tensor a, torch::Tensor packed, int64_t n) {
             case 2: avx2_tile<2>(ar, k, w, k4, ncols, offset.data() + r0, o, n); break;
             case 3: avx2_tile<3>(ar, k, w, k4, ncols, offset.data() + r0, o, n); break;
             default: avx2_tile<4>(ar, k, w, k4, ncols, offset.data() + r0, o, n); break;
+          }
           }
         }
       }
