@@ -103,9 +103,9 @@ def test_amx_product_blocks_change_the_sums_and_the_probe_tells_them_apart():
     assert (whole != blocked).float().mean() > 0.2
 
 
-@needs_amx
-def test_amx_product_rounds_and_propagates_special_values_as_f_linear():
-    k, n = 64, 48
+def _special_values(k: int = 64, n: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [6, k], w [n, k] bf16 with an inf, a NaN, products below fp32's normal range, a zero weight row and a row
+    that overflows to inf."""
     x = torch.randn(6, k).to(torch.bfloat16)
     w = (torch.randn(n, k) * 0.1).to(torch.bfloat16)
     x[1, 3] = float("inf")
@@ -113,6 +113,13 @@ def test_amx_product_rounds_and_propagates_special_values_as_f_linear():
     x[3] *= 1e-38  # products below fp32's normal range
     w[7] = 0
     x[4, :] = 3e38  # overflow to inf
+    return x, w
+
+
+@needs_amx
+def test_amx_product_rounds_and_propagates_special_values_as_f_linear():
+    n = 48
+    x, w = _special_values(n=n)
     got = packed_linear._amx_product(x, packed_linear.pack_bf16_amx(w), n, None, 0)
     ref = nn.functional.linear(x, w)
     assert torch.equal(got.view(torch.int16), ref.view(torch.int16))  # bits, NaNs included (vcvtneps2bf16 both)
@@ -228,14 +235,8 @@ def test_a_first_ask_while_the_kernels_are_off_does_not_keep_the_avx2_product_of
 
 @needs_avx2_kernel
 def test_avx2_product_propagates_special_values_as_torchs_reference_kernel():
-    k, n = 64, 48
-    x = torch.randn(6, k).to(torch.bfloat16)
-    w = (torch.randn(n, k) * 0.1).to(torch.bfloat16)
-    x[1, 3] = float("inf")
-    x[2, 5] = float("nan")
-    x[3] *= 1e-38  # products below fp32's normal range
-    w[7] = 0
-    x[4, :] = 3e38  # overflow to inf
+    n = 48
+    x, w = _special_values(n=n)
     got = kernels.get().bf16_linear_avx2(x, packed_linear.pack_bf16_avx2(w), n, None)
     want = _reference_dot(x, w, None)
     assert torch.equal(got.isnan(), want.isnan())

@@ -230,6 +230,17 @@ def get():
     return _STATE["module"] if _ENABLED["value"] else None
 
 
+def offers(flag: str, missing: str) -> tuple[bool, str]:
+    """Whether the built kernels offer what their ``flag()`` function (``has_int8_gemm_vnni``, ...) reports, and why
+    not: ``missing`` where the build lacks it, the load failure where there is no build."""
+    mod = load()
+    if mod is None:
+        return False, f"interq's CPU kernels are not loaded ({status()['reason']})"
+    if not getattr(mod, flag)():
+        return False, missing
+    return True, "available"
+
+
 def status() -> dict:
     """What a benchmark records: whether the kernels are on, loaded, and why not."""
     return {"enabled": _ENABLED["value"], "loaded": _STATE["module"] is not None, "reason": _STATE["reason"],

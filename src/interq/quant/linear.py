@@ -44,22 +44,13 @@ VNNI_MAX_M = 256
 
 def vnni_available() -> tuple[bool, str]:
     """Whether the ``vnni`` backend can run here (the CPU kernels built for a CPU with AVX512-VNNI), and why not."""
-    mod = kernels.load()
-    if mod is None:
-        return False, f"the CPU kernels are not loaded ({kernels.status()['reason']})"
-    if not mod.has_int8_gemm_vnni():
-        return False, "this CPU has no AVX512-VNNI (the kernels were built without int8_gemm_vnni)"
-    return True, "available"
+    return kernels.offers("has_int8_gemm_vnni", "this CPU has no AVX512-VNNI (the kernels were built without "
+                                                "int8_gemm_vnni)")
 
 
 def avx2_available() -> tuple[bool, str]:
     """Whether the ``avx2`` backend can run here (the CPU kernels built for a CPU with AVX2), and why not."""
-    mod = kernels.load()
-    if mod is None:
-        return False, f"the CPU kernels are not loaded ({kernels.status()['reason']})"
-    if not mod.has_int8_gemm_avx2():
-        return False, "this CPU has no AVX2 (the kernels were built without int8_gemm_avx2)"
-    return True, "available"
+    return kernels.offers("has_int8_gemm_avx2", "this CPU has no AVX2 (the kernels were built without int8_gemm_avx2)")
 
 
 def amx_available() -> tuple[bool, str]:

@@ -91,12 +91,7 @@ def avx2_available() -> tuple[bool, str]:
 
     if _native_bf16():
         return False, "this CPU has native bf16: torch's bf16 GEMMs are oneDNN's"
-    mod = kernels.load()
-    if mod is None:
-        return False, f"interq's CPU kernels are not loaded ({kernels.status()['reason']})"
-    if not mod.has_bf16_linear_avx2():
-        return False, "the kernels were built without AVX2 and FMA"
-    return True, "available"
+    return kernels.offers("has_bf16_linear_avx2", "the kernels were built without AVX2 and FMA")
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -135,12 +130,8 @@ def amx_available() -> tuple[bool, str]:
     kernel that lets the process use the tiles), and why not."""
     from interq.quant import kernels
 
-    mod = kernels.load()
-    if mod is None:
-        return False, f"interq's CPU kernels are not loaded ({kernels.status()['reason']})"
-    if not mod.has_bf16_gemm_amx():
-        return False, "no AMX-BF16 here (the kernels were built without it, or the Linux kernel refused the tiles)"
-    return True, "available"
+    return kernels.offers("has_bf16_gemm_amx", "no AMX-BF16 here (the kernels were built without it, or the Linux "
+                                               "kernel refused the tiles)")
 
 
 def use_amx_product(enabled: bool) -> None:

@@ -67,6 +67,21 @@ inline void store_f(float v, c10::BFloat16* out) {
 }
 inline void store_f(float v, c10::Half* out) { *out = c10::Half(v); }
 
+// A bf16 linear's optional bias [n] (checked; fn names the caller) in fp32 (exact), zero-padded to nb blocks of 16
+// columns; empty without a bias
+std::vector<float> bias_fp32(const char* fn, const c10::optional<torch::Tensor>& bias, int64_t n, int64_t nb) {
+  std::vector<float> out;
+  if (!bias.has_value() || !bias->defined()) return out;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kBFloat16 &&
+                  bias->device().is_cpu(),
+              fn, ": bias must be a bf16 CPU tensor [n]");
+  const auto b = bias->contiguous();
+  const c10::BFloat16* bp = b.data_ptr<c10::BFloat16>();
+  out.assign(nb * 16, 0.f);
+  for (int64_t j = 0; j < n; ++j) out[j] = load_f(bp[j]);
+  return out;
+}
+
 inline uint32_t float_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
@@ -1248,16 +1263,8 @@ torch::Tensor bf16_linear_amx(torch::Tensor x, torch::Tensor packed, int64_t n, 
   TORCH_CHECK(kb >= 0, "bf16_linear_amx: kb must be >= 0, got ", kb);
   auto out = torch::empty({m, n}, x.options());
   if (m == 0 || n == 0) return out;
-  std::vector<float> bf(nb * 16, 0.f);  // the bias in fp32 (exact), zero-padded to whole column blocks
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kBFloat16 &&
-                    bias->device().is_cpu(),
-                "bf16_linear_amx: bias must be a bf16 CPU tensor [n]");
-    const auto b = bias->contiguous();
-    const c10::BFloat16* bp = b.data_ptr<c10::BFloat16>();
-    for (int64_t j = 0; j < n; ++j) bf[j] = load_f(bp[j]);
-  }
+  const std::vector<float> bf = bias_fp32("bf16_linear_amx", bias, n, nb);
+  const bool has_bias = !bf.empty();
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
@@ -1430,16 +1437,8 @@ torch::Tensor bf16_linear_avx2(torch::Tensor x, torch::Tensor packed, int64_t n,
   TORCH_CHECK(n > 16 * (nb - 1) && n <= 16 * nb, "bf16_linear_avx2: n = ", n, " does not match ", nb, " blocks");
   auto out = torch::empty({m, n}, x.options());
   if (m == 0 || n == 0) return out;
-  std::vector<float> bf;
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kBFloat16 &&
-                    bias->device().is_cpu(),
-                "bf16_linear_avx2: bias must be a bf16 CPU tensor [n]");
-    const auto b = bias->contiguous();
-    bf.assign(nb * 16, 0.f);
-    for (int64_t j = 0; j < n; ++j) bf[j] = load_f(b.data_ptr<c10::BFloat16>()[j]);
-  }
+  const std::vector<float> bf = bias_fp32("bf16_linear_avx2", bias, n, nb);
+  const bool has_bias = !bf.empty();
   // the input rows in fp32, k in the packed order: per block of 64 the slots in bit-reversed order, each slot's k of
   // every block in turn; then the 16-k chunks' 8 slots the same way (3 bits); then the rest in order
   const auto xc = x.contiguous();
