@@ -1653,7 +1653,89 @@ std::tuple<torch::Tensor, bool> rms_norm_bf16(torch::Tensor x, torch::Tensor w, 
 // fixed order), softmax in fp32 (max subtracted), then sum_j p_j v_j in fp32 over keys in order, divided by the sum.
 // Each K and V row is read once for all G query heads, where torch's flash kernel runs small blocks through GEMM
 // calls. The same attention to rounding (not the same bits as torch's kernel: this is an opt-in choice).
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 namespace {
+// On AVX2 without AVX-512 (AMD Zen 2 / 3, Intel client CPUs) GCC lowers 64-byte generic vectors lane by lane
+// through the stack as soon as they are broadcast, compared, selected or split (the 2026-12-03 AVX2 machine ran the
+// learner's attention kernel at 1/20 of torch's speed). There vf16 is two __m256 with the same operations, lane for
+// lane the same IEEE operations in the same order (no contraction, exp16 step for step), so both builds give the
+// same values; the micro-kernels take fewer rows (16 registers of 8 floats).
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define INTERQ_VF16_AVX2 1
+struct vf16 {  // lanes 0-7, 8-15 (no lane access: a lane read or written through memory kept every
+  __m256 lo, hi;  // accumulator of a micro-kernel on the stack)
+};
+inline vf16 mk16(__m256 lo, __m256 hi) { return vf16{lo, hi}; }
+#define INTERQ_VF16_OP(op, fn)                                                                                     \
+  inline vf16 operator op(vf16 a, vf16 b) { return mk16(fn(a.lo, b.lo), fn(a.hi, b.hi)); }                  \
+  inline vf16 operator op(vf16 a, float s) {                                                                       \
+    const __m256 b = _mm256_set1_ps(s);                                                                            \
+    return mk16(fn(a.lo, b), fn(a.hi, b));                                                                     \
+  }                                                                                                                \
+  inline vf16 operator op(float s, vf16 b) {                                                                       \
+    const __m256 a = _mm256_set1_ps(s);                                                                            \
+    return mk16(fn(a, b.lo), fn(a, b.hi));                                                                     \
+  }
+INTERQ_VF16_OP(+, _mm256_add_ps)
+INTERQ_VF16_OP(-, _mm256_sub_ps)
+INTERQ_VF16_OP(*, _mm256_mul_ps)
+#undef INTERQ_VF16_OP
+inline vf16 load16(const float* p) { return mk16(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+inline __m256 bf16x8(const c10::BFloat16* p) {  // bf16 -> fp32 exactly: the high half of the bits
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline vf16 load16(const c10::BFloat16* p) { return mk16(bf16x8(p), bf16x8(p + 8)); }
+inline float hsum16(vf16 v) {  // the generic build's order: lanes i + (i + 8), then i + (i + 4), then (0 + 2) + (1 + 3)
+  const __m256 a = _mm256_add_ps(v.lo, v.hi);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  float x[4];
+  _mm_storeu_ps(x, b);
+  return (x[0] + x[2]) + (x[1] + x[3]);
+}
+inline __m256 exp8(__m256 x) {  // exp16's steps on 8 lanes
+  const __m256 lo = _mm256_set1_ps(0.f - 87.3f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_blendv_ps(x, lo, under);
+  __m256 n = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  n = _mm256_add_ps(n, _mm256_blendv_ps(_mm256_set1_ps(-0.5f), _mm256_set1_ps(0.5f),
+                                        _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_GE_OQ)));
+  const __m256i ni = _mm256_cvttps_epi32(n);
+  n = _mm256_cvtepi32_ps(ni);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 p = _mm256_add_ps(_mm256_setzero_ps(), _mm256_set1_ps(1.9875691500e-4f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, scale));
+}
+inline vf16 exp16(vf16 x) { return mk16(exp8(x.lo), exp8(x.hi)); }
+inline vf16 max16(vf16 a, vf16 b) {  // a > b ? a : b lane by lane (maxps: the second operand unless a > b)
+  return mk16(_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi));
+}
+inline vf16 fma16(vf16 a, vf16 b, vf16 c) {
+  return mk16(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi));
+}
+inline void store16(float* p, vf16 v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+inline vf16 hide_after(vf16 x, int64_t lim) {  // lanes u > lim -> -inf (causal masking of a diagonal block)
+  if (lim >= 15) return x;
+  const __m256 l = _mm256_set1_ps(static_cast<float>(lim < -1 ? -1 : lim)), ninf = _mm256_set1_ps(-INFINITY);
+  const __m256 i0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), i1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+  return mk16(_mm256_blendv_ps(x.lo, ninf, _mm256_cmp_ps(i0, l, _CMP_GT_OQ)),
+              _mm256_blendv_ps(x.hi, ninf, _mm256_cmp_ps(i1, l, _CMP_GT_OQ)));
+}
+constexpr int kNtRows = 2, kNnRows = 1;  // 16 registers of 8 floats
+#else
 typedef float vf16 __attribute__((vector_size(64)));
 typedef uint32_t vu16 __attribute__((vector_size(64)));
 typedef uint16_t vh16 __attribute__((vector_size(32)));
@@ -1707,6 +1789,20 @@ inline vf16 exp16(vf16 x) {
   std::memcpy(&out, &ob, sizeof out);
   return out;
 }
+inline vf16 max16(vf16 a, vf16 b) { return a > b ? a : b; }
+inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
+inline vf16 hide_after(vf16 x, int64_t lim) {  // lanes u > lim -> -inf (causal masking of a diagonal block)
+  for (int u = 0; u < 16; ++u)
+    if (u > lim) x[u] = -INFINITY;
+  return x;
+}
+#if defined(__AVX512F__)
+inline vf16 fma16(vf16 a, vf16 b, vf16 c) { return (vf16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+#else
+inline vf16 fma16(vf16 a, vf16 b, vf16 c) { return a * b + c; }  // no FMA: rounded twice
+#endif
+constexpr int kNtRows = 8, kNnRows = 6;  // micro-kernel rows: 32 registers of 16 floats
+#endif
 
 constexpr int kDecodeMaxG = 16;
 constexpr int kDecodeMaxChunks = 16;  // D <= 256
@@ -1753,7 +1849,9 @@ void decode_attention_head(const T* q, int64_t qs_g, const T* k, int64_t ks_j, c
       float tail[16];
       for (int i = 0; i < 16; ++i) tail[i] = j + i < kl ? sa[j + i] : -INFINITY;
       vf16 p = exp16(load16(tail) - m);
-      for (int i = 0; j + i < kl; ++i) sa[j + i] = p[i];
+      float pl[16];
+      store16(pl, p);
+      for (int i = 0; j + i < kl; ++i) sa[j + i] = pl[i];
       t16 = t16 + p;
     }
     sum[a] = hsum16(t16);
@@ -1774,8 +1872,11 @@ void decode_attention_head(const T* q, int64_t qs_g, const T* k, int64_t ks_j, c
   for (int a = 0; a < g; ++a) {
     const float inv = sum[a] > 0.f ? 1.0f / sum[a] : 0.f;
     T* o = out + a * os_g;
-    for (int c = 0; c < chunks; ++c)
-      for (int i = 0; i < 16; ++i) store_f(acc[a][c][i] * inv, o + 16 * c + i);
+    for (int c = 0; c < chunks; ++c) {
+      float al[16];
+      store16(al, acc[a][c]);
+      for (int i = 0; i < 16; ++i) store_f(al[i] * inv, o + 16 * c + i);
+    }
   }
 }
 }  // namespace
@@ -1838,27 +1939,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
 // recomputed from the log-sum-exp in the backward; blocks above the diagonal are skipped. Products of blocks run
 // in two register-tiled micro-kernels with explicit fused multiply-adds (the -ffp-contract=off above does not
 // apply to those: the rounding is the FMA's, as in any BLAS).
-#if defined(__AVX512F__) || defined(__FMA__)
-#include <immintrin.h>
-#endif
 namespace {
-
-#if defined(__AVX512F__)
-inline vf16 fma16(vf16 a, vf16 b, vf16 c) { return (vf16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
-#elif defined(__FMA__)
-inline vf16 fma16(vf16 a, vf16 b, vf16 c) {
-  vf8 lo = (vf8)_mm256_fmadd_ps((__m256)__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7),
-                                (__m256)__builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7),
-                                (__m256)__builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7));
-  vf8 hi = (vf8)_mm256_fmadd_ps((__m256)__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15),
-                                (__m256)__builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15),
-                                (__m256)__builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15));
-  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-#else
-inline vf16 fma16(vf16 a, vf16 b, vf16 c) { return a * b + c; }
-#endif
-inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
 
 constexpr int64_t kBlk = 64;  // rows and columns of a block of scores
 
@@ -1881,9 +1962,12 @@ inline void mk_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int
   }
 }
 // S[64][64] = A[64 rows, ld lda][d] . BT[d][64 columns, ld ldb]
+// (each output's sum runs over k in order whatever the rows per micro-kernel call: the same values on every build)
 inline void block_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t d, float* s) {
-  for (int64_t r = 0; r < kBlk; r += 8)
-    for (int64_t c = 0; c < kBlk; c += 32) mk_nt<8>(a + r * lda, lda, bt + c, ldb, d, s + r * kBlk + c, kBlk);
+  static_assert(kBlk % kNtRows == 0, "block_nt: rows per call must divide the block");
+  for (int64_t r = 0; r < kBlk; r += kNtRows)
+    for (int64_t c = 0; c < kBlk; c += 32)
+      mk_nt<kNtRows>(a + r * lda, lda, bt + c, ldb, d, s + r * kBlk + c, kBlk);
 }
 
 // C[R][64] += sum_k A(r, k) B[k][64], A(r, k) = a[r * sar + k * sak] (a transposed block: sar = 1)
@@ -1912,8 +1996,10 @@ inline void block_nn(const float* a, int64_t sar, int64_t sak, const float* b, i
                      int64_t ldc) {
   for (int64_t c0 = 0; c0 < d; c0 += 64) {
     int64_t r = 0;
-    for (; r + 6 <= kBlk; r += 6) mk_nn<6>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);
-    mk_nn<4>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);  // 64 = 10 x 6 + 4
+    for (; r + kNnRows <= kBlk; r += kNnRows)
+      mk_nn<kNnRows>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);
+    if constexpr (kBlk % kNnRows != 0)  // AVX-512: 64 = 10 x 6 + 4
+      mk_nn<kBlk % kNnRows>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);
   }
 }
 
@@ -1932,7 +2018,9 @@ inline void pack_cols(const T* t, int64_t ld, int64_t l, int64_t d, int64_t lp, 
     for (int64_t j = 0; j < d; ++j) out[j * lp + r] = load_f(t[r * ld + j]);
 }
 
-inline float hmax16(vf16 v) {
+inline float hmax16(vf16 x) {
+  float v[16];
+  store16(v, x);
   float m = v[0];
   for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
   return m;
@@ -1943,7 +2031,7 @@ inline float hmax16(vf16 v) {
 // left in p. A row with nothing visible so far takes no weight from the block (p = 0).
 inline void online_softmax_row(const vf16 (&x)[4], float* p, float& m, float& sum, float* orow, int64_t dp) {
   vf16 mx = x[0];
-  for (int t = 1; t < 4; ++t) mx = x[t] > mx ? x[t] : mx;
+  for (int t = 1; t < 4; ++t) mx = max16(x[t], mx);
   const float mnew = std::max(m, hmax16(mx));
   if (mnew == -INFINITY) {
     std::fill(p, p + kBlk, 0.f);
@@ -2009,9 +2097,7 @@ std::vector<torch::Tensor> causal_attention_fwd(torch::Tensor q, torch::Tensor k
             vf16 x[4];
             for (int t = 0; t < 4; ++t) {
               x[t] = load16(sr + 16 * t) * sc;
-              if (j == i)
-                for (int u = 0; u < 16; ++u)
-                  if (16 * t + u > lim) x[t][u] = -INFINITY;
+              if (j == i) x[t] = hide_after(x[t], lim - 16 * t);
             }
             online_softmax_row(x, sr, m[r], sum[r], o.data() + r * dp, dp);
           }
@@ -2087,9 +2173,7 @@ std::vector<torch::Tensor> causal_attention_bwd(torch::Tensor q, torch::Tensor k
               const int64_t lim = r0 + r - c0;
               for (int t = 0; t < 4; ++t) {
                 vf16 x = load16(pr + 16 * t) * sc - ls;
-                if (i == j)
-                  for (int u = 0; u < 16; ++u)
-                    if (16 * t + u > lim) x[u] = -INFINITY;
+                if (i == j) x = hide_after(x, lim - 16 * t);
                 const vf16 pv = exp16(x);
                 store16(pr + 16 * t, pv);
                 store16(dr + 16 * t, pv * (load16(dr + 16 * t) - dd));  // dS = P (dP - D)
@@ -2163,15 +2247,14 @@ void masked_attention_kv(const torch::Tensor& q, const torch::Tensor& k, const t
         for (int64_t r = 0; r < rn; ++r) {
           float* sr = s + r * kBlk;
           const int64_t row = (r0 + r) * lk + c0;
-          vf16 x[4];
-          for (int t = 0; t < 4; ++t) {
-            x[t] = load16(sr + 16 * t) * sc;
-            for (int u = 0; u < 16; ++u) {
-              const int64_t c = 16 * t + u;
-              if (c >= cn || (mbb != nullptr && !mbb[row + c])) x[t][u] = -INFINITY;
-              else if (mfb != nullptr) x[t][u] = x[t][u] + mfb[row + c];
-            }
+          float xs[kBlk];  // the row's scaled scores, masked (the same operations lane by lane)
+          for (int64_t c = 0; c < kBlk; ++c) {
+            const float x = sr[c] * sc;
+            if (c >= cn || (mbb != nullptr && !mbb[row + c])) xs[c] = -INFINITY;
+            else xs[c] = mfb != nullptr ? x + mfb[row + c] : x;
           }
+          vf16 x[4];
+          for (int t = 0; t < 4; ++t) x[t] = load16(xs + 16 * t);
           online_softmax_row(x, sr, m[r], sum[r], o + r * dp, dp);
         }
         for (int64_t r = rn; r < kBlk; ++r) std::fill(s + r * kBlk, s + (r + 1) * kBlk, 0.f);
