@@ -181,6 +181,9 @@ def test_config_auto_resolves_to_the_kernel_where_it_loads_off_intel(monkeypatch
 
     assert LEARNER_ATTENTIONS[1:] == MODULE_CHOICES
     monkeypatch.setattr(machine, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(machine, "cpu_has", lambda flag: False)  # AVX2 only: torch's flash kernel is faster there
+    assert build_config("q-interq", []).train.learner_attention == "sdpa"
+    monkeypatch.setattr(machine, "cpu_has", lambda flag: flag == "avx512f")
     assert build_config("q-interq", []).train.learner_attention == "kernel"
     monkeypatch.setattr(machine, "cpu_vendor", lambda: "GenuineIntel")  # torch's flash kernel is faster there
     assert build_config("q-interq", []).train.learner_attention == "sdpa"

@@ -61,6 +61,11 @@ def cpu_vendor() -> str:
     return _first_cpu()[0].get("vendor_id", "")
 
 
+def cpu_has(flag: str) -> bool:
+    """Whether the first CPU's /proc/cpuinfo flags include ``flag`` (e.g. ``avx512f``; False where not readable)."""
+    return flag in _first_cpu()[1]
+
+
 def _caches() -> str:
     """The first CPU's caches from sysfs, e.g. "L1d 48K, L1i 32K, L2 1024K, L3 32768K" ("" where not readable)."""
     out = []
