@@ -1663,20 +1663,21 @@ namespace {
 // lane the same IEEE operations in the same order (no contraction, exp16 step for step), so both builds give the
 // same values; the micro-kernels take fewer rows (16 registers of 8 floats).
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-#define INTERQ_VF16_AVX2 1
-struct vf16 {  // lanes 0-7, 8-15 (no lane access: a lane read or written through memory kept every
-  __m256 lo, hi;  // accumulator of a micro-kernel on the stack)
+// No lane access (operator[]): a lane read or written through memory kept every micro-kernel accumulator on the
+// stack; lanes are read after store16 and masked by hide_after.
+struct vf16 {
+  __m256 lo, hi;  // lanes 0-7, 8-15
 };
 inline vf16 mk16(__m256 lo, __m256 hi) { return vf16{lo, hi}; }
-#define INTERQ_VF16_OP(op, fn)                                                                                     \
-  inline vf16 operator op(vf16 a, vf16 b) { return mk16(fn(a.lo, b.lo), fn(a.hi, b.hi)); }                  \
-  inline vf16 operator op(vf16 a, float s) {                                                                       \
-    const __m256 b = _mm256_set1_ps(s);                                                                            \
-    return mk16(fn(a.lo, b), fn(a.hi, b));                                                                     \
-  }                                                                                                                \
-  inline vf16 operator op(float s, vf16 b) {                                                                       \
-    const __m256 a = _mm256_set1_ps(s);                                                                            \
-    return mk16(fn(a, b.lo), fn(a, b.hi));                                                                     \
+#define INTERQ_VF16_OP(op, fn)                                                              \
+  inline vf16 operator op(vf16 a, vf16 b) { return mk16(fn(a.lo, b.lo), fn(a.hi, b.hi)); } \
+  inline vf16 operator op(vf16 a, float s) {                                                \
+    const __m256 b = _mm256_set1_ps(s);                                                     \
+    return mk16(fn(a.lo, b), fn(a.hi, b));                                                  \
+  }                                                                                         \
+  inline vf16 operator op(float s, vf16 b) {                                                \
+    const __m256 a = _mm256_set1_ps(s);                                                     \
+    return mk16(fn(a, b.lo), fn(a, b.hi));                                                  \
   }
 INTERQ_VF16_OP(+, _mm256_add_ps)
 INTERQ_VF16_OP(-, _mm256_sub_ps)
