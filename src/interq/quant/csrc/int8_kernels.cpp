@@ -37,6 +37,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <tuple>
 #include <type_traits>
@@ -1728,6 +1729,14 @@ inline void store16(float* p, vf16 v) {
   _mm256_storeu_ps(p, v.lo);
   _mm256_storeu_ps(p + 8, v.hi);
 }
+inline vf16 hide_where(vf16 x, const bool* show) {  // lanes u with !show[u] -> -inf
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(show));
+  const __m256i lo = _mm256_cvtepu8_epi32(b), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+  const __m256i z = _mm256_setzero_si256();
+  return mk16(_mm256_blendv_ps(x.lo, ninf, _mm256_castsi256_ps(_mm256_cmpeq_epi32(lo, z))),
+              _mm256_blendv_ps(x.hi, ninf, _mm256_castsi256_ps(_mm256_cmpeq_epi32(hi, z))));
+}
 inline vf16 hide_after(vf16 x, int64_t lim) {  // lanes u > lim -> -inf (causal masking of a diagonal block)
   if (lim >= 15) return x;
   const __m256 l = _mm256_set1_ps(static_cast<float>(lim < -1 ? -1 : lim)), ninf = _mm256_set1_ps(-INFINITY);
@@ -1735,7 +1744,6 @@ inline vf16 hide_after(vf16 x, int64_t lim) {  // lanes u > lim -> -inf (causal 
   return mk16(_mm256_blendv_ps(x.lo, ninf, _mm256_cmp_ps(i0, l, _CMP_GT_OQ)),
               _mm256_blendv_ps(x.hi, ninf, _mm256_cmp_ps(i1, l, _CMP_GT_OQ)));
 }
-constexpr int kNtRows = 2, kNnRows = 1;  // 16 registers of 8 floats
 #else
 typedef float vf16 __attribute__((vector_size(64)));
 typedef uint32_t vu16 __attribute__((vector_size(64)));
@@ -1792,6 +1800,11 @@ inline vf16 exp16(vf16 x) {
 }
 inline vf16 max16(vf16 a, vf16 b) { return a > b ? a : b; }
 inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
+inline vf16 hide_where(vf16 x, const bool* show) {  // lanes u with !show[u] -> -inf
+  for (int u = 0; u < 16; ++u)
+    if (!show[u]) x[u] = -INFINITY;
+  return x;
+}
 inline vf16 hide_after(vf16 x, int64_t lim) {  // lanes u > lim -> -inf (causal masking of a diagonal block)
   for (int u = 0; u < 16; ++u)
     if (u > lim) x[u] = -INFINITY;
@@ -1944,6 +1957,97 @@ namespace {
 
 constexpr int64_t kBlk = 64;  // rows and columns of a block of scores
 
+// a zeroed fp32 work buffer on 64-byte boundaries (std::vector's 16-byte alignment split a vector load over two cache
+// lines at every other block row)
+class Floats {
+ public:
+  explicit Floats(int64_t n) : n_(n), p_(static_cast<float*>(std::aligned_alloc(64, (sizeof(float) * n + 63) / 64 * 64))) {
+    TORCH_CHECK(p_ != nullptr, "interq kernels: out of memory for a work buffer of ", n, " floats");
+    std::memset(p_, 0, sizeof(float) * n);
+  }
+  ~Floats() { std::free(p_); }
+  Floats(const Floats&) = delete;
+  Floats& operator=(const Floats&) = delete;
+  float* data() { return p_; }
+  float* begin() { return p_; }
+  float* end() { return p_ + n_; }
+  float& operator[](int64_t i) { return p_[i]; }
+
+ private:
+  int64_t n_;
+  float* p_;
+};
+
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+// AVX2: tiles of R rows x 16 columns in 2R registers (6 x 16: 12 accumulators, 2 for B's row, 1 for A's
+// broadcast; the two-register vf16 tiles of the generic code left the FMA units idle half the time). A block's 64
+// rows are 9 tiles of 6 and 2 of 5 (a 4-row tile, 8 accumulators, ran at 0.6x: the FMA latency shows). A's element
+// is broadcast from memory and added to +0, as the generic code's vf16{} + a does (a -0 enters as +0: the same bits).
+constexpr int64_t kTile6 = 54;  // rows 0-53 in tiles of 6, 54-63 in two of 5
+
+inline __m256 a_bcast(const float* p) { return _mm256_add_ps(_mm256_setzero_ps(), _mm256_broadcast_ss(p)); }
+
+// C[R][16] = A[R][d] . BT[d][16]
+template <int R>
+inline void mk_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t d, float* c, int64_t ldc) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < d; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(bt + k * ldb), b1 = _mm256_loadu_ps(bt + k * ldb + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = a_bcast(a + r * lda + k);
+      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(c + r * ldc, acc[r][0]);
+    _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+  }
+}
+// S[64][64] = A[64 rows, ld lda][d] . BT[d][64 columns, ld ldb]
+// (each output's sum runs over k in order whatever the tile: the same values on every build)
+inline void block_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t d, float* s) {
+  for (int64_t c = 0; c < kBlk; c += 16) {
+    int64_t r = 0;
+    for (; r < kTile6; r += 6) mk_nt<6>(a + r * lda, lda, bt + c, ldb, d, s + r * kBlk + c, kBlk);
+    for (; r < kBlk; r += 5) mk_nt<5>(a + r * lda, lda, bt + c, ldb, d, s + r * kBlk + c, kBlk);
+  }
+}
+
+// C[R][16] += sum_k A(r, k) B[k][16], A(r, k) = a[r * sar + k * sak] (a transposed block: sar = 1)
+template <int R>
+inline void mk_nn(const float* a, int64_t sar, int64_t sak, const float* b, int64_t ldb, int64_t kn, float* c,
+                  int64_t ldc) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm256_loadu_ps(c + r * ldc);
+    acc[r][1] = _mm256_loadu_ps(c + r * ldc + 8);
+  }
+  for (int64_t k = 0; k < kn; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = a_bcast(a + r * sar + k * sak);
+      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(c + r * ldc, acc[r][0]);
+    _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+  }
+}
+// C[64][d] += A(64 x 64, strides sar / sak) . B[64][d] (ld ldb), d a multiple of 16
+inline void block_nn(const float* a, int64_t sar, int64_t sak, const float* b, int64_t ldb, int64_t d, float* c,
+                     int64_t ldc) {
+  for (int64_t c0 = 0; c0 < d; c0 += 16) {
+    int64_t r = 0;
+    for (; r < kTile6; r += 6) mk_nn<6>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);
+    for (; r < kBlk; r += 5) mk_nn<5>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);
+  }
+}
+#else
+
 // C[R][32] = A[R][d] . BT[d][32]: rows of A (ld lda) against 32 columns of a transposed matrix (ld ldb)
 template <int R>
 inline void mk_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t d, float* c, int64_t ldc) {
@@ -2003,6 +2107,7 @@ inline void block_nn(const float* a, int64_t sar, int64_t sak, const float* b, i
       mk_nn<kBlk % kNnRows>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);
   }
 }
+#endif
 
 // a head's rows into a zero-padded fp32 [lp][dp] buffer (dp: d rounded up to 64; t: [L][d] rows at stride ld)
 template <typename T>
@@ -2011,15 +2116,29 @@ inline void pack_rows(const T* t, int64_t ld, int64_t l, int64_t d, int64_t lp, 
   for (int64_t r = 0; r < l; ++r)
     for (int64_t j = 0; j < d; ++j) out[r * dp + j] = load_f(t[r * ld + j]);
 }
-// transposed: [dp][lp]
+// transposed by blocks of 64 rows: [lp / 64][dp][64], block c0 / 64 at out + c0 * dp with rows of kBlk floats (a
+// whole-matrix transpose put the 64 rows a block product reads at a stride of lp floats: at lp a multiple of 256,
+// all in a few L1 sets)
 template <typename T>
 inline void pack_cols(const T* t, int64_t ld, int64_t l, int64_t d, int64_t lp, int64_t dp, float* out) {
   std::memset(out, 0, sizeof(float) * lp * dp);
   for (int64_t r = 0; r < l; ++r)
-    for (int64_t j = 0; j < d; ++j) out[j * lp + r] = load_f(t[r * ld + j]);
+    for (int64_t j = 0; j < d; ++j) out[(r / kBlk * dp + j) * kBlk + r % kBlk] = load_f(t[r * ld + j]);
 }
 
 inline float hmax16(vf16 x) {
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+  // Without a NaN lane the maximum does not depend on the order of the comparisons, but for which of a -0 and a +0
+  // it keeps, which no result sees (the maximum is subtracted from scores and added to a log-sum: exp and + give the
+  // same for either zero); with a NaN lane, the loop below.
+  const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(x.lo, x.lo, _CMP_UNORD_Q), _mm256_cmp_ps(x.hi, x.hi, _CMP_UNORD_Q));
+  if (_mm256_movemask_ps(nan) == 0) {
+    const __m256 m8 = _mm256_max_ps(x.lo, x.hi);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  }
+#endif
   float v[16];
   store16(v, x);
   float m = v[0];
@@ -2038,7 +2157,8 @@ inline void online_softmax_row(const vf16 (&x)[4], float* p, float& m, float& su
     std::fill(p, p + kBlk, 0.f);
     return;
   }
-  const float alpha = m == -INFINITY ? 0.f : std::exp(m - mnew);
+  // exp(m - mnew) is exp(+0) = 1 where the maximum did not move (most rows after the first blocks): no call
+  const float alpha = m == -INFINITY ? 0.f : m == mnew && m != INFINITY ? 1.f : std::exp(m - mnew);
   vf16 tot = vf16{};
   for (int t = 0; t < 4; ++t) {
     const vf16 pv = exp16(x[t] - mnew);
@@ -2077,7 +2197,7 @@ std::vector<torch::Tensor> causal_attention_fwd(torch::Tensor q, torch::Tensor k
   auto lse = torch::empty({b, h, l}, q.options());
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, b * h, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> qp(lp * dp), kt(lp * dp), vp(lp * dp), s(kBlk * kBlk), o(kBlk * dp);
+    Floats qp(lp * dp), kt(lp * dp), vp(lp * dp), s(kBlk * kBlk), o(kBlk * dp);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t bi = p / h, hi = p % h, kh = hi / g;
       HeadView qv = head_of(q, bi, hi), kv = head_of(k, bi, kh), vv = head_of(v, bi, kh);
@@ -2091,7 +2211,7 @@ std::vector<torch::Tensor> causal_attention_fwd(torch::Tensor q, torch::Tensor k
         std::fill(o.begin(), o.end(), 0.f);
         for (int64_t j = 0; j <= i; ++j) {
           const int64_t c0 = j * kBlk;
-          block_nt(qp.data() + r0 * dp, dp, kt.data() + c0, lp, dp, s.data());
+          block_nt(qp.data() + r0 * dp, dp, kt.data() + c0 * dp, kBlk, dp, s.data());
           for (int64_t r = 0; r < kBlk; ++r) {
             float* sr = s.data() + r * kBlk;
             const int64_t lim = r0 + r - c0;  // columns c <= lim are visible (causal)
@@ -2132,8 +2252,8 @@ std::vector<torch::Tensor> causal_attention_bwd(torch::Tensor q, torch::Tensor k
   auto dv = torch::empty({b, hkv, l, d}, q.options());
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, b * hkv, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> qp(g * lp * dp), dop(g * lp * dp), dqa(g * lp * dp), dsum(g * lp), lsep(g * lp);
-    std::vector<float> kt(lp * dp), vt(lp * dp), kp(lp * dp), pb(kBlk * kBlk), ds(kBlk * kBlk), dkj(kBlk * dp),
+    Floats qp(g * lp * dp), dop(g * lp * dp), dqa(g * lp * dp), dsum(g * lp), lsep(g * lp);
+    Floats kt(lp * dp), vt(lp * dp), kp(lp * dp), pb(kBlk * kBlk), ds(kBlk * kBlk), dkj(kBlk * dp),
         dvj(kBlk * dp);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t bi = p / hkv, kh = p % hkv;
@@ -2165,8 +2285,8 @@ std::vector<torch::Tensor> causal_attention_bwd(torch::Tensor q, torch::Tensor k
           const float* doa = dop.data() + a * lp * dp;
           for (int64_t i = j; i < nb; ++i) {
             const int64_t r0 = i * kBlk;
-            block_nt(qa + r0 * dp, dp, kt.data() + c0, lp, dp, pb.data());  // scores
-            block_nt(doa + r0 * dp, dp, vt.data() + c0, lp, dp, ds.data());  // dP = dO V^T
+            block_nt(qa + r0 * dp, dp, kt.data() + c0 * dp, kBlk, dp, pb.data());  // scores
+            block_nt(doa + r0 * dp, dp, vt.data() + c0 * dp, kBlk, dp, ds.data());  // dP = dO V^T
             for (int64_t r = 0; r < kBlk; ++r) {
               float* pr = pb.data() + r * kBlk;
               float* dr = ds.data() + r * kBlk;
@@ -2244,18 +2364,25 @@ void masked_attention_kv(const torch::Tensor& q, const torch::Tensor& k, const t
             }
           }
         if (!any) continue;
-        block_nt(qp + r0 * dp, dp, kt + c0, lkp, dp, s);
+        block_nt(qp + r0 * dp, dp, kt + c0 * dp, kBlk, dp, s);
         for (int64_t r = 0; r < rn; ++r) {
           float* sr = s + r * kBlk;
           const int64_t row = (r0 + r) * lk + c0;
-          float xs[kBlk];  // the row's scaled scores, masked (the same operations lane by lane)
-          for (int64_t c = 0; c < kBlk; ++c) {
-            const float x = sr[c] * sc;
-            if (c >= cn || (mbb != nullptr && !mbb[row + c])) xs[c] = -INFINITY;
-            else xs[c] = mfb != nullptr ? x + mfb[row + c] : x;
+          vf16 x[4];  // the row's scaled scores, masked (the same operations lane by lane)
+          if (cn == kBlk) {
+            for (int t = 0; t < 4; ++t) {
+              x[t] = load16(sr + 16 * t) * sc;
+              x[t] = mbb != nullptr ? hide_where(x[t], mbb + row + 16 * t) : x[t] + load16(mfb + row + 16 * t);
+            }
+          } else {  // the last block of keys: lanes past them hidden
+            float xs[kBlk];
+            for (int64_t c = 0; c < kBlk; ++c) {
+              const float xc = sr[c] * sc;
+              if (c >= cn || (mbb != nullptr && !mbb[row + c])) xs[c] = -INFINITY;
+              else xs[c] = mfb != nullptr ? xc + mfb[row + c] : xc;
+            }
+            for (int t = 0; t < 4; ++t) x[t] = load16(xs + 16 * t);
           }
-          vf16 x[4];
-          for (int t = 0; t < 4; ++t) x[t] = load16(xs + 16 * t);
           online_softmax_row(x, sr, m[r], sum[r], o + r * dp, dp);
         }
         for (int64_t r = rn; r < kBlk; ++r) std::fill(s + r * kBlk, s + (r + 1) * kBlk, 0.f);
@@ -2296,7 +2423,7 @@ torch::Tensor masked_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
                 dp = (d + 63) / 64 * 64;
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, b * hkv, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> qp(lqp * dp), kt(lkp * dp), vp(lkp * dp), s(kBlk * kBlk), o(kBlk * dp);
+    Floats qp(lqp * dp), kt(lkp * dp), vp(lkp * dp), s(kBlk * kBlk), o(kBlk * dp);
     for (int64_t p = p0; p < p1; ++p) {
       const bool* mbp = mb.defined() ? mb.data_ptr<bool>() : nullptr;
       const float* mfp = mf.defined() ? mf.data_ptr<float>() : nullptr;
