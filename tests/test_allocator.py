@@ -56,14 +56,16 @@ def test_auto_restarts_the_command_with_jemalloc_preloaded(monkeypatch):
     assert allocator._MARK not in allocator.os.environ
 
 
-def test_system_or_missing_library_runs_as_started_and_jemalloc_required_says_how(monkeypatch):
+def test_system_or_missing_library_runs_as_started_and_jemalloc_required_says_how(monkeypatch, capsys):
     calls = _capture_exec(monkeypatch)
     monkeypatch.setenv(allocator.ENV, "system")
     allocator.reexec_with_allocator(["train"])
+    assert capsys.readouterr().err == ""
     calls = _capture_exec(monkeypatch, lib=None)
     monkeypatch.setenv(allocator.ENV, "auto")
     allocator.reexec_with_allocator(["train"])
     assert calls == []
+    assert "[allocator] system: no jemalloc found (Debian/Ubuntu: apt-get install libjemalloc2" in capsys.readouterr().err
     monkeypatch.setenv(allocator.ENV, "jemalloc")
     with pytest.raises(SystemExit, match="apt-get install libjemalloc2"):
         allocator.reexec_with_allocator(["train"])
