@@ -181,8 +181,12 @@ def test_config_auto_resolves_to_the_kernel_where_it_loads_off_intel(monkeypatch
 
     assert LEARNER_ATTENTIONS[1:] == MODULE_CHOICES
     monkeypatch.setattr(machine, "cpu_vendor", lambda: "AuthenticAMD")
-    monkeypatch.setattr(machine, "cpu_has", lambda flag: False)  # AVX2 only: torch's flash kernel is faster there
+    monkeypatch.setattr(machine, "cpu_has", lambda flag: False)  # neither AVX-512 nor AVX2 + FMA: the generic build
     assert build_config("q-interq", []).train.learner_attention == "sdpa"
+    monkeypatch.setattr(machine, "cpu_has", lambda flag: flag == "avx2")  # AVX2 without FMA: the generic build too
+    assert build_config("q-interq", []).train.learner_attention == "sdpa"
+    monkeypatch.setattr(machine, "cpu_has", lambda flag: flag in ("avx2", "fma"))  # the AVX2 tiles
+    assert build_config("q-interq", []).train.learner_attention == "kernel"
     monkeypatch.setattr(machine, "cpu_has", lambda flag: flag == "avx512f")
     assert build_config("q-interq", []).train.learner_attention == "kernel"
     monkeypatch.setattr(machine, "cpu_vendor", lambda: "GenuineIntel")  # torch's flash kernel is faster there

@@ -191,7 +191,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward instead of keeping them (transformers' non-reentrant checkpointing): much less learner memory for about one more forward per micro-batch; the same gradients
     learner_autocast: str = "auto"      # auto | off | bf16 | bf16_backward. auto (default since NUMERICS_VERSION 4): bf16_backward on a CPU learner where bf16 is native (AVX512_BF16 / AMX), else off; resolved when the config is built (resolve_learner_autocast). bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align); bf16_backward: fp32 forward (the same log-probs), the linear layers' backward GEMMs in bf16 (any learner; interq.train.bf16_backward)
     learner_gemm: str = "torch"         # torch | onednn: the library of the learner's fp32 CPU GEMMs (linear layers, forward and backward). onednn: 2.1-2.5x torch's MKL on AMD CPUs (AVX-512), the same fp32 arithmetic summed in another order (log-probs and gradients differ by rounding; interq.train.onednn_gemm)
-    learner_attention: str = "auto"     # auto | sdpa | kernel: the learner's causal self-attention (forward and backward). sdpa: transformers' (torch's CPU flash kernel); kernel: interq's CPU kernel, fp32, 2.2-2.6x torch's (forward and backward) at 300-1,760 tokens on AMD EPYCs with AVX-512 (0.71-0.79x on an Intel Xeon, 0.75-0.79x on an AVX2-only EPYC), the same function to rounding (interq.train.learner_attention); auto (default since NUMERICS_VERSION 4): kernel for a CPU learner where interq's CPU kernels load, else sdpa, and sdpa on Intel CPUs (since the seventeenth session) and on CPUs without AVX-512 (since the twenty-third): the kernel was slower there; resolved when the config is built
+    learner_attention: str = "auto"     # auto | sdpa | kernel: the learner's causal self-attention (forward and backward). sdpa: transformers' (torch's CPU flash kernel); kernel: interq's CPU kernel, fp32, 2.2-2.6x torch's (forward and backward) at 300-1,760 tokens on AMD EPYCs with AVX-512, 1.14-1.28x at 300-2,500 on an AVX2-only EPYC (0.71-0.79x on an Intel Xeon), the same function to rounding (interq.train.learner_attention); auto (default since NUMERICS_VERSION 4): kernel for a CPU learner where interq's CPU kernels load on a CPU with AVX-512 or AVX2 + FMA, else sdpa, and sdpa on Intel CPUs (since the seventeenth session: the kernel was slower there; CPUs without AVX-512 took sdpa in the twenty-third session only); resolved when the config is built
     progress: bool = True
     tensorboard: bool = False
 
@@ -410,20 +410,21 @@ def resolve_learner_autocast(value: str, device: str = "cpu") -> str:
 
 def resolve_learner_attention(value: str, device: str = "cpu") -> str:
     """``train.learner_attention=auto`` -> ``kernel`` for a CPU learner where interq's CPU kernels load (built
-    once per machine, :mod:`interq.quant.kernels`; ``INTERQ_CPU_KERNELS=0`` turns them off) on a CPU with AVX-512 that
-    is not an Intel one, ``sdpa`` elsewhere (CUDA, no C++ compiler, Intel CPUs, CPUs without AVX-512). The kernel's
-    forward and backward were 2.2-2.6x torch's CPU flash kernel on AMD EPYCs with AVX-512 (Zen 5) at 300-1,760
-    tokens, but 0.71-0.79x on an Intel Xeon with AMX at 1,040-1,760 (docs/benchmarks.md, seventeenth session): torch's
-    flash kernel multiplies its blocks with MKL's fp32 GEMMs, fast on Intel and slow on AMD (likely; not profiled).
-    On an AVX2-only AMD EPYC (Zen 3) it was 0.75-0.79x torch's at 1,000-1,760 tokens (twenty-third session; 1/20
-    before that session's fix of its AVX2 build). Other values pass through."""
+    once per machine, :mod:`interq.quant.kernels`; ``INTERQ_CPU_KERNELS=0`` turns them off) on a CPU with AVX-512, or
+    with AVX2 and FMA, that is not an Intel one, ``sdpa`` elsewhere (CUDA, no C++ compiler, Intel CPUs, CPUs with
+    neither). The kernel's forward and backward were 2.2-2.6x torch's CPU flash kernel on AMD EPYCs with AVX-512
+    (Zen 5) at 300-1,760 tokens, but 0.71-0.79x on an Intel Xeon with AMX at 1,040-1,760 (docs/benchmarks.md,
+    seventeenth session): torch's flash kernel multiplies its blocks with MKL's fp32 GEMMs, fast on Intel and slow on
+    AMD (likely; not profiled). On an AVX2-only AMD EPYC (Zen 3) it is 1.14-1.28x torch's at 300-2,500 tokens with
+    the twenty-fourth session's AVX2 tiles (0.75-0.79x before them, when ``auto`` chose ``sdpa`` there; 1/20 before
+    the twenty-third session's fix of its AVX2 build). Other values pass through."""
     if value != "auto":
         return value
     if not _learner_on_cpu(device):
         return "sdpa"
     from interq.machine import cpu_has, cpu_vendor
 
-    if cpu_vendor() == "GenuineIntel" or not cpu_has("avx512f"):
+    if cpu_vendor() == "GenuineIntel" or not (cpu_has("avx512f") or (cpu_has("avx2") and cpu_has("fma"))):
         return "sdpa"
     from interq.quant import kernels
 

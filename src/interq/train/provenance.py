@@ -56,8 +56,9 @@ stored under another version then refuses to be reused (``--report-only`` still 
   (new) is ``kernel`` (interq's causal attention, fp32, to rounding: log-probs and gradients change) on a CPU
   learner where interq's CPU kernels load, else ``sdpa``. Where both resolve to the old values (a CUDA learner,
   or no bf16 and no compiler) the numbers are version 3's. Since the seventeenth session ``auto`` resolves
-  ``train.learner_attention`` to ``sdpa`` on Intel CPUs too, and since the twenty-third on CPUs without
-  AVX-512 (the kernel was slower there): not a bump, since the
+  ``train.learner_attention`` to ``sdpa`` on Intel CPUs too, and in the twenty-third session only also on CPUs
+  without AVX-512 (the kernel was slower there until the twenty-fourth's AVX2 tiles; CPUs with neither AVX-512 nor
+  AVX2 + FMA keep ``sdpa``): not a bump, since the
   resolved value is what a run's config records and what resume compares; a given resolved config computes
   version 4's numbers.
 """
