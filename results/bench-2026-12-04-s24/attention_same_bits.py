@@ -4,7 +4,7 @@ start (de3cd94, path given), bit for bit (int32 views: a -0 against +0 or anothe
 causal forward / backward, the packed decode and the masked prefill (fp32 / bf16, bool / additive masks, 1 and 2
 threads, D 16-128), with ordinary inputs and with zeros, -0 and huge values mixed in.
 
-    .venv/bin/python results/bench-2026-12-04-s24/attention_same_bits.py OLD_SO
+    .venv/bin/python results/bench-2026-12-04-s24/attention_same_bits.py OLD_SO [NEW_SO]   (NEW_SO: this tree's own build)
 """
 import importlib.util, sys, torch
 from interq.quant import kernels
@@ -37,7 +37,7 @@ def rough(shape, g, special):
     return x
 
 
-old, new = load(sys.argv[1]), kernels.load()
+old, new = load(sys.argv[1]), (load(sys.argv[2]) if len(sys.argv) > 2 else kernels.load())
 print("old", sys.argv[1].rsplit("/", 1)[1], "new", new.__name__)
 g = torch.Generator().manual_seed(0)
 bad = calls = 0
