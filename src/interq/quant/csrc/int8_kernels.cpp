@@ -1662,7 +1662,7 @@ namespace {
 // through the stack as soon as they are broadcast, compared, selected or split (the 2026-12-03 AVX2 machine ran the
 // learner's attention kernel at 1/20 of torch's speed). There vf16 is two __m256 with the same operations, lane for
 // lane the same IEEE operations in the same order (no contraction, exp16 step for step), so both builds give the
-// same values; the micro-kernels take fewer rows (16 registers of 8 floats).
+// same values; the block products have their own register tiles there (block_tiles below).
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 // No lane access (operator[]): a lane read or written through memory kept every micro-kernel accumulator on the
 // stack; lanes are read after store16 and masked by hide_after.
@@ -1987,42 +1987,15 @@ constexpr int64_t kTile6 = 54;  // rows 0-53 in tiles of 6, 54-63 in two of 5
 
 inline __m256 a_bcast(const float* p) { return _mm256_add_ps(_mm256_setzero_ps(), _mm256_broadcast_ss(p)); }
 
-// C[R][16] = A[R][d] . BT[d][16]
-template <int R>
-inline void mk_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t d, float* c, int64_t ldc) {
-  __m256 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < d; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(bt + k * ldb), b1 = _mm256_loadu_ps(bt + k * ldb + 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 av = a_bcast(a + r * lda + k);
-      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(c + r * ldc, acc[r][0]);
-    _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
-  }
-}
-// S[64][64] = A[64 rows, ld lda][d] . BT[d][64 columns, ld ldb]
-// (each output's sum runs over k in order whatever the tile: the same values on every build)
-inline void block_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t d, float* s) {
-  for (int64_t c = 0; c < kBlk; c += 16) {
-    int64_t r = 0;
-    for (; r < kTile6; r += 6) mk_nt<6>(a + r * lda, lda, bt + c, ldb, d, s + r * kBlk + c, kBlk);
-    for (; r < kBlk; r += 5) mk_nt<5>(a + r * lda, lda, bt + c, ldb, d, s + r * kBlk + c, kBlk);
-  }
-}
-
-// C[R][16] += sum_k A(r, k) B[k][16], A(r, k) = a[r * sar + k * sak] (a transposed block: sar = 1)
-template <int R>
-inline void mk_nn(const float* a, int64_t sar, int64_t sak, const float* b, int64_t ldb, int64_t kn, float* c,
-                  int64_t ldc) {
+// C[R][16] (+)= sum_k A(r, k) B[k][16], A(r, k) = a[r * sar + k * sak] (a transposed block: sar = 1); kAcc: add
+// to C (block_nn), else start from 0 (block_nt)
+template <int R, bool kAcc>
+inline void mk_tile(const float* a, int64_t sar, int64_t sak, const float* b, int64_t ldb, int64_t kn, float* c,
+                    int64_t ldc) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) {
-    acc[r][0] = _mm256_loadu_ps(c + r * ldc);
-    acc[r][1] = _mm256_loadu_ps(c + r * ldc + 8);
+    acc[r][0] = kAcc ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
+    acc[r][1] = kAcc ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
   }
   for (int64_t k = 0; k < kn; ++k) {
     const __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
@@ -2037,14 +2010,25 @@ inline void mk_nn(const float* a, int64_t sar, int64_t sak, const float* b, int6
     _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
   }
 }
+// C[64][ncols] (+)= A(64 x kn, strides sar / sak) . B[kn][ncols] (ld ldb), ncols a multiple of 16, in 16-column
+// stripes of row tiles (each output's sum runs over k in order whatever the tile: the same values on every build)
+template <bool kAcc>
+inline void block_tiles(const float* a, int64_t sar, int64_t sak, const float* b, int64_t ldb, int64_t kn,
+                        int64_t ncols, float* c, int64_t ldc) {
+  for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
+    int64_t r = 0;
+    for (; r < kTile6; r += 6) mk_tile<6, kAcc>(a + r * sar, sar, sak, b + c0, ldb, kn, c + r * ldc + c0, ldc);
+    for (; r < kBlk; r += 5) mk_tile<5, kAcc>(a + r * sar, sar, sak, b + c0, ldb, kn, c + r * ldc + c0, ldc);
+  }
+}
+// S[64][64] = A[64 rows, ld lda][d] . BT[d][64 columns, ld ldb]
+inline void block_nt(const float* a, int64_t lda, const float* bt, int64_t ldb, int64_t d, float* s) {
+  block_tiles<false>(a, lda, 1, bt, ldb, d, kBlk, s, kBlk);
+}
 // C[64][d] += A(64 x 64, strides sar / sak) . B[64][d] (ld ldb), d a multiple of 16
 inline void block_nn(const float* a, int64_t sar, int64_t sak, const float* b, int64_t ldb, int64_t d, float* c,
                      int64_t ldc) {
-  for (int64_t c0 = 0; c0 < d; c0 += 16) {
-    int64_t r = 0;
-    for (; r < kTile6; r += 6) mk_nn<6>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);
-    for (; r < kBlk; r += 5) mk_nn<5>(a + r * sar, sar, sak, b + c0, ldb, kBlk, c + r * ldc + c0, ldc);
-  }
+  block_tiles<true>(a, sar, sak, b, ldb, kBlk, d, c, ldc);
 }
 #else
 
