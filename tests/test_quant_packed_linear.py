@@ -36,7 +36,7 @@ def test_packed_product_equals_f_linear_bit_for_bit_at_every_row_count(k, n, bia
     try:
         g = torch.Generator().manual_seed(1)
         # 96 rows of 576 x 192 at 2 threads: oneDNN's F.linear split the work otherwise than the packed product on the
-        # Xeon with AMX (results/bench-2026-12-03-s17/packed_rows_grid.log); the first call of a case compares
+        # Xeon with AMX (results/benchmarks/xeon-amx/2026-12-03-packed-bf16-multiturn/packed_rows_grid.log); the first call of a case compares
         for m in (1, 2, 3, 7, 15, 16, 17, 31, 33, 48, 64, 96, 100, 128, 200, PACKED_MAX_M, PACKED_MAX_M + 1):
             x = torch.randn(m, k, generator=g).to(torch.bfloat16)
             assert torch.equal(mod(x), nn.functional.linear(x, lin.weight, lin.bias)), m

@@ -38,7 +38,7 @@ _FP32_EXACT_K = 1024  # 128 * 128 * 1024 = 2^24: every partial sum of int8 produ
 # Rows up to which the vnni backend uses its own kernel, above them torch._int_mm: SmolLM2-135M's 30 layers of
 # q|k|v, o, gate|up and down (weights from memory, as in a decode step), Zen 5 EPYC, 2 threads: the kernel takes
 # 4.9 against 10.0 ms at 16 rows, 7.0 / 11.6 at 32, 11.5 / 17.9 at 64, 39.6 / 45.5 at 256, 76 / 81 at 512, 369 / 301
-# at 2048; 1 thread: 9.1 / 13.4 at 16 rows, even at 256 (results/bench-2026-12-02-s13/vnni_gemm.log)
+# at 2048; 1 thread: 9.1 / 13.4 at 16 rows, even at 256 (results/benchmarks/zen5-avx512-vnni/2026-12-02-vnni-decode-gemm/vnni_gemm.log)
 VNNI_MAX_M = 256
 
 

@@ -2,7 +2,7 @@
 
 On a CPU where torch's bf16 GEMMs are oneDNN's (native bf16: AVX512_BF16 or AMX), every ``F.linear`` call
 reorders the whole weight into oneDNN's blocked layout before multiplying; at decode sizes that is a large share of
-the call. On an Intel Xeon with AMX (``results/bench-2026-12-03-s16/``, one thread) SmolLM2-135M's ``lm_head`` took
+the call. On an Intel Xeon with AMX (``results/benchmarks/xeon-amx/2026-12-03-amx-int8-gemm/``, one thread) SmolLM2-135M's ``lm_head`` took
 13.2 ms per call at 1 row and 9.5 ms with its weight packed once (1.35-1.71x at 1-256 rows), and
 ``benchmarks/bench_quant.py`` measured the bf16 executor 1.10x faster at batch 16 and 1.26x at batch 1 with its
 linears packed (side by side); a decoder layer's small linears alone gained 0.94-1.35x. The bf16 executor's every
@@ -13,7 +13,7 @@ allows, which flattered the int8 executor's speed-up over it.
 ``pack_bf16``). It keeps the module's ``weight`` and ``bias`` parameters (the same tensors: tied embeddings stay
 tied, weight sync copies into them). Up to ``PACKED_MAX_M`` rows it multiplies by one of two products where that
 product gives ``F.linear``'s bits (below), and by ``F.linear`` otherwise; above (prefill: at 656 rows oneDNN's
-packed product was 1.08x faster per decoder layer, at 2,048 0.90x, ``results/bench-2026-12-03-s17/
+packed product was 1.08x faster per decoder layer, at 2,048 0.90x, ``results/benchmarks/xeon-amx/2026-12-03-packed-bf16-multiturn/
 packed_prefill_speed.log``) and for anything else (not bf16, not CPU, not contiguous, autograd) it calls ``F.linear``.
 
 - **interq's AMX-BF16 kernel** (``bf16_linear_amx`` in :mod:`interq.quant.kernels`; CPUs with AMX-BF16, where the
@@ -22,25 +22,25 @@ packed_prefill_speed.log``) and for anything else (not bf16, not CPU, not contig
   into blocks by the shape and the row count (288 of SmolLM2's 576, 384 of its 1,536, from 64 rows up at two
   threads), so a K blocking that reproduces ``F.linear``'s bits exists for most cases. At decode sizes it is 2.3-5x
   oneDNN's packed product per call, whose fixed cost dominates small GEMMs (SmolLM2-135M's linears at 16 rows,
-  2 threads: 17.7 -> 8.0 ms per step, ``results/bench-2026-12-03-s18/``). :func:`use_amx_product` turns it off.
+  2 threads: 17.7 -> 8.0 ms per step, ``results/benchmarks/xeon-amx/2026-12-03-amx-bf16-fused-norms/``). :func:`use_amx_product` turns it off.
 - **interq's AVX2 product** (``bf16_linear_avx2`` in :mod:`interq.quant.kernels`; CPUs without native bf16, where
   the kernels build with AVX2 and FMA): there torch multiplies bf16 by its own reference kernel, one dot product per
   output with fp32 arithmetic in a fixed order (8 accumulators of 8 lanes over blocks of 64 k, a fixed tree, the tail
   after it). The kernel computes the same sums for 16 columns at once from the weight packed in the order it reads
   k (:func:`pack_bf16_avx2`), at any row count: SmolLM2-135M's ``lm_head`` at 16 rows, 2 threads, on an AMD EPYC
   (Zen 3, AVX2) took 11 ms against 55 ms for ``F.linear``, its layers' linears 3.8-5.6x less
-  (``results/bench-2026-12-03-s22/``). Where it is offered oneDNN's product is not (oneDNN does not run torch's bf16
+  (``results/benchmarks/zen3-avx2/2026-12-03-avx2-int8-bf16/``). Where it is offered oneDNN's product is not (oneDNN does not run torch's bf16
   GEMMs there).
 - **oneDNN's packed product**: the weight packed with ``torch.ops.mkldnn._reorder_linear_weight`` for 16 rows,
   multiplied by ``torch.ops.mkldnn._linear_pointwise``. Without the pack, every ``F.linear`` call reorders the whole
-  weight into oneDNN's blocked layout: on an Intel Xeon with AMX (``results/bench-2026-12-03-s16/``, one thread)
+  weight into oneDNN's blocked layout: on an Intel Xeon with AMX (``results/benchmarks/xeon-amx/2026-12-03-amx-int8-gemm/``, one thread)
   SmolLM2-135M's ``lm_head`` took 13.2 ms per call at 1 row and 9.5 ms packed.
 
 Both copies are made on first use and again after any write to the weight (tracked by the tensor's version counter).
 
 **Same bits.** Whether a product equals ``F.linear``'s depends on the shape, the row count and the thread count:
 oneDNN picks its kernel and its split of the work from them, and ``F.linear``'s plain-weight path does not always
-pick as the packed one does. On the Xeon with AMX (``results/bench-2026-12-03-s17/packed_rows_grid.log``, every row
+pick as the packed one does. On the Xeon with AMX (``results/benchmarks/xeon-amx/2026-12-03-packed-bf16-multiturn/packed_rows_grid.log``, every row
 count 1-1,100 of seven shapes, with and without bias) one thread matched everywhere, while two threads differed from
 289-513 rows on in most shapes, and at 96 rows for 576 x 192. So no product is ever assumed equal: the first call of
 a (in, out, bias, rows, threads) case in the process compares the products with ``F.linear``'s on a probe built so

@@ -2,7 +2,7 @@
 
 transformers' Llama / Qwen / Mistral ``RMSNorm`` runs eight eager ops per call (``to(float32)``, ``pow``, ``mean``,
 ``add``, ``rsqrt``, ``mul``, ``to(bf16)``, then the weight's ``mul``): a SmolLM2-135M decode step calls 61 of them,
-about 8% of a multi-turn rollout on a 2-core Xeon (``results/bench-2026-12-03-s18/``). :class:`FusedRMSNorm` replaces
+about 8% of a multi-turn rollout on a 2-core Xeon (``results/benchmarks/xeon-amx/2026-12-03-amx-bf16-fused-norms/``). :class:`FusedRMSNorm` replaces
 such a module in an executor (:func:`interq.quant.make_executor`, ``fuse_norms``) and computes the same values bit
 for bit with ``rms_norm_bf16`` of :mod:`interq.quant.kernels`: every step is one IEEE operation per element, and the
 row's sum of squares is added in torch's own order (its CPU sum kernel: vectors of 8 floats in four running

@@ -52,7 +52,7 @@ def append_columns(cur: torch.Tensor | None, new: torch.Tensor, buffers: dict[st
             buf.narrow(-2, 0, length).copy_(cur)
         buffers[name] = buf
     # narrow, not buf[..., a:b, :]: the same views, without Python indexing's extra cost (3.7 vs 4.2 us a view,
-    # results/bench-2026-12-03-s20/op_cost_micro.log)
+    # results/benchmarks/xeon-amx/2026-12-03-lean-layers/op_cost_micro.log)
     buf.narrow(-2, length, end - length).copy_(new)
     return buf.narrow(-2, 0, end)
 

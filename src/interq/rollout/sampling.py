@@ -117,7 +117,7 @@ def exponential_race(generators: Sequence[torch.Generator], vocab: int) -> torch
     from ``uniform_f64_rows``, which writes the numbers ``Tensor.uniform_`` would with each generator's mt19937
     run in bulk, rows over torch's threads (the same numbers and generator states, tested): the race of 16 rows of 49k
     took 6.0 ms against 17.1 with the threads below at 2 threads, 10.1 against 14.7 at one (an Intel Xeon,
-    ``results/bench-2026-12-03-s17/sampling.log``); the uniforms alone 3.8 -> 1.1 ms at one thread since the engine
+    ``results/benchmarks/xeon-amx/2026-12-03-packed-bf16-multiturn/sampling.log``); the uniforms alone 3.8 -> 1.1 ms at one thread since the engine
     runs in blocks (nineteenth session). Otherwise rows are split over
     ``torch.get_num_threads()`` Python threads (torch releases the GIL); each generator is used by one thread in its
     own order, so the numbers are those of the loop (a generator named for two rows draws them in row order, on

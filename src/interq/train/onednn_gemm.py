@@ -8,7 +8,7 @@ proximal pass and the training forward compute the same log-probs) runs its GEMM
 Why: torch's fp32 GEMMs go to MKL, which on an AMD Zen 5 EPYC runs at less than half oneDNN's rate (MKL's code path
 for AMD CPUs; ``MKL_ENABLE_INSTRUCTIONS=AVX512`` did not change it), while oneDNN picks its kernels by the CPU's
 instruction set: 1 thread, the learner's shapes (3,048 tokens x 576 -> 1,536 and back), MKL 78-95 GFLOP/s, oneDNN
-176-206 (``results/bench-2026-12-02-s12/fp32_gemm_paths.py``). Not measured on Intel CPUs. Both are IEEE fp32
+176-206 (``results/benchmarks/zen5-avx512-vnni/2026-12-02-kv-append-onednn/fp32_gemm_paths.log``). Not measured on Intel CPUs. Both are IEEE fp32
 GEMMs; they sum in another order, so the log-probs and gradients differ from ``learner_gemm=torch`` by float
 rounding (about 1e-6 relative for these shapes, against 3e-7 for MKL, measured against float64): an opt-in, not the
 default, so that runs stay comparable with the study's. With ``train.learner_autocast=bf16_backward`` the forward
