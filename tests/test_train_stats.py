@@ -5,7 +5,11 @@ import random
 
 import pytest
 
-from interq.train.stats import linear_trend, paired_difference, paired_difference_over_seeds, wilson_interval
+import itertools
+
+from interq.train.stats import (linear_trend, minimum_detectable_effect, paired_difference, paired_difference_over_seeds,
+                                paired_t_over_seeds, regularized_beta, sample_std, seed_interval, sign_flip_test,
+                                stratified_permutation_test, student_t_cdf, student_t_quantile, wilson_interval)
 
 
 def test_wilson_matches_the_closed_form():
@@ -122,3 +126,91 @@ def test_linear_trend_rejects_bad_shapes():
         linear_trend([0.0, 1.0], [_arm([0.5]), _arm([0.6, 0.7])])
     with pytest.raises(ValueError, match="same, non-zero number of episodes"):
         linear_trend([0.0, 1.0], [_arm([0.5]), _arm([0.6], n=30)])
+
+
+# Student's t quantiles from printed tables (two-sided 95% and one-sided 80%)
+T_TABLE = [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 4, 2.7764), (0.975, 9, 2.2622), (0.975, 29, 2.0452),
+           (0.8, 2, 1.0607), (0.8, 4, 0.9410), (0.8, 9, 0.8834), (0.995, 5, 4.0321)]
+
+
+@pytest.mark.parametrize("p,df,expected", T_TABLE)
+def test_t_quantile_matches_printed_tables(p, df, expected):
+    assert student_t_quantile(p, df) == pytest.approx(expected, abs=2e-4)
+    assert student_t_quantile(1 - p, df) == pytest.approx(-expected, abs=2e-4)
+    assert student_t_cdf(expected, df) == pytest.approx(p, abs=2e-5)
+
+
+def test_t_cdf_closed_forms():
+    # df = 1 is the Cauchy distribution, df = 2 has F(t) = 1/2 + t / (2 sqrt(2 + t^2))
+    for t in (-3.0, -0.5, 0.0, 0.7, 5.0):
+        assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-10)
+        assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-10)
+    # a large df approaches the normal distribution
+    assert student_t_quantile(0.975, 1e6) == pytest.approx(1.959964, abs=1e-4)
+    # I_x(1, 1) = x and I_x(a, 1) = x**a
+    assert regularized_beta(0.3, 1, 1) == pytest.approx(0.3, abs=1e-12)
+    assert regularized_beta(0.6, 2.5, 1) == pytest.approx(0.6 ** 2.5, abs=1e-12)
+
+
+def test_sample_std_and_seed_interval_by_hand():
+    xs = [0.70, 0.72, 0.71]
+    assert sample_std(xs) == pytest.approx(0.01, abs=1e-12)  # n - 1 in the denominator, not the population SD
+    iv = seed_interval(xs)
+    half = 4.302653 * 0.01 / math.sqrt(3)
+    assert iv["mean"] == pytest.approx(0.71) and iv["ci95"] == pytest.approx([0.71 - half, 0.71 + half], abs=1e-6)
+    one = seed_interval([0.5])
+    assert one["mean"] == 0.5 and all(math.isnan(x) for x in one["ci95"])
+
+
+def test_sign_flip_test_against_brute_force_and_its_floor():
+    rng = random.Random(3)
+    for s_count in (1, 2, 3, 5, 7):
+        diffs = [rng.uniform(-0.1, 0.2) for _ in range(s_count)]
+        brute = sum(abs(sum(d * g for d, g in zip(diffs, signs))) >= abs(sum(diffs)) - 1e-12
+                    for signs in itertools.product((1, -1), repeat=s_count)) / 2 ** s_count
+        assert sign_flip_test(diffs) == pytest.approx(brute, abs=1e-12)
+    # with every seed on one side, the p-value is its floor 2 / 2**S: 0.25 for 3 seeds, 0.0625 for 5
+    assert sign_flip_test([0.26, 0.01, 0.17]) == pytest.approx(0.25)
+    assert sign_flip_test([0.1] * 5) == pytest.approx(0.0625)
+    # past the exact limit it is a Monte Carlo estimate of the same quantity
+    many = [0.05] * 18 + [-0.01, 0.02]
+    assert sign_flip_test(many, max_exact_seeds=16, resamples=20_000) < 1e-3
+
+
+def test_paired_t_over_seeds_reproduces_the_hand_computation():
+    # per-seed differences q-interq - q-tis of a 3-seed study: mean 0.1467, sample SD 0.1266, t(2) = 4.3027
+    res = paired_t_over_seeds([0.26, 0.01, 0.17])
+    assert res["diff"] == pytest.approx(0.146667, abs=1e-6)
+    assert res["ci95"] == pytest.approx([-0.1679, 0.4612], abs=2e-4)
+    assert res["p_sign_flip"] == pytest.approx(0.25)
+    assert 0.15 < res["p_t"] < 0.2
+    # MDE = (t_0.975 + t_0.8) * SE with 2 degrees of freedom
+    assert res["mde"] == pytest.approx((4.3027 + 1.0607) * 0.126623 / math.sqrt(3), abs=1e-3)
+    # a sign error would flip the interval: the negated differences give the mirrored interval
+    neg = paired_t_over_seeds([-0.26, -0.01, -0.17])
+    assert neg["ci95"] == pytest.approx([-res["ci95"][1], -res["ci95"][0]], abs=1e-9)
+
+
+def test_mde_shrinks_with_seeds_as_t_quantiles_say():
+    sd = 0.03
+    mdes = [minimum_detectable_effect(sd / math.sqrt(n), n - 1) for n in (3, 5, 10, 20)]
+    assert mdes == sorted(mdes, reverse=True)
+    assert mdes[1] == pytest.approx((2.7764 + 0.9410) * sd / math.sqrt(5), abs=1e-4)
+    assert math.isnan(minimum_detectable_effect(math.nan, 4))
+
+
+def test_stratified_permutation_test_exact_count():
+    # 3 seeds, 2 arms per group, every A above every B in each seed: only the observed labelling and its mirror are
+    # at least as extreme among C(4, 2)**3 = 216 within-seed relabellings
+    strata = [([0.70, 0.68], [0.50, 0.55]), ([0.69, 0.70], [0.45, 0.60]), ([0.65, 0.66], [0.60, 0.62])]
+    res = stratified_permutation_test(strata)
+    assert res["relabellings"] == 216 and res["exact"]
+    assert res["p"] == pytest.approx(2 / 216)
+    naive = sum(sum(a) / 2 - sum(b) / 2 for a, b in strata) / 3
+    assert res["diff"] == pytest.approx(naive)
+    flipped = stratified_permutation_test([(b, a) for a, b in strata])
+    assert flipped["diff"] == pytest.approx(-naive) and flipped["p"] == pytest.approx(res["p"])
+    # identical groups: every relabelling ties, p = 1
+    assert stratified_permutation_test([([0.5, 0.5], [0.5, 0.5])])["p"] == 1.0
+    with pytest.raises(ValueError, match="each group"):
+        stratified_permutation_test([([0.5], [])])

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -78,6 +77,8 @@ SETTINGS = {"demo": DEMO_OVERRIDES, "study": [*DEMO_OVERRIDES, *STUDY_OVERRIDES]
 REGIMES: dict[str, list[str]] = {
     "natural": [],
     "matched": ["rollout.w_bits=4", "rollout.a_bits=4", "rollout.kv_bits=4"],
+    # the mismatch-strength curve: the executor between W8A8-KV8 (natural) and W4A4-KV4 (matched)
+    **{f"w{b}a{b}kv{b}": [f"rollout.w_bits={b}", f"rollout.a_bits={b}", f"rollout.kv_bits={b}"] for b in (7, 6, 5)},
 }
 REGIME_EXECUTORS = {"natural": "W8A8-KV8", "matched": "W4A4-KV4 (mismatch matched to a warm-started SmolLM2's W8A8-KV8)"}
 # What the comparison study found (docs/results.md, "The study"); the demo prints it beside its own table.
@@ -265,7 +266,10 @@ def _mean(xs):
 
 
 def _std(xs):
-    return statistics.pstdev(xs) if len(xs) > 1 else 0.0
+    """Sample standard deviation over seeds (n - 1 in the denominator)."""
+    from interq.train.stats import sample_std
+
+    return sample_std(xs)
 
 
 def _run_seconds(recs: list[dict]) -> float:
@@ -285,9 +289,11 @@ def _final_outcomes(recs: list[dict]) -> list[int] | None:
 
 
 def summarize(runs: dict, threshold: float) -> dict:
-    """Per arm: success before/final/best over seeds, ``ci95`` (Wilson interval of the final success pooled over
-    seeds x held-out episodes), steps to ``threshold``, late regression (best minus final), costs, mismatch."""
-    from interq.train.stats import wilson_interval
+    """Per arm: success before/final/best over seeds, ``ci95`` (t interval of the mean final success over seeds:
+    the seed is the unit of replication; None for one seed), ``ci95_episodes`` (Wilson interval of the final success
+    pooled over seeds x held-out episodes, which treats every episode as independent and so leaves the between-seed
+    variance out), steps to ``threshold``, late regression (best minus final), costs, mismatch."""
+    from interq.train.stats import seed_interval, wilson_interval
 
     out = {}
     for arm, seed_runs in runs.items():
@@ -297,10 +303,12 @@ def summarize(runs: dict, threshold: float) -> dict:
         reach = [next((st for st, s in _evals(r) if s >= threshold), None) for r in seed_runs]
         outcomes = [_final_outcomes(r) for r in seed_runs]
         pooled = [x for o in outcomes if o for x in o] if all(outcomes) else []
+        seed_ci = seed_interval(finals)["ci95"] if len(finals) > 1 else None
         out[arm] = {
             "success_before": _mean(befores),
             "success_final_mean": _mean(finals), "success_final_std": _std(finals),
-            "ci95": list(wilson_interval(sum(pooled), len(pooled))) if pooled else None,
+            "ci95": seed_ci,
+            "ci95_episodes": list(wilson_interval(sum(pooled), len(pooled))) if pooled else None,
             "eval_episodes": len(pooled),
             "success_best": _mean(bests),
             "final_steps": [_evals(r)[-1][0] for r in seed_runs],
@@ -348,7 +356,7 @@ def paired_differences(runs: dict, seeds: dict | None = None) -> dict:
     the seeds both arms have (``seeds[arm]``: the seed of each of ``runs[arm]``, in order; without it, runs are
     paired by position and both arms need as many), with per-episode outcomes of the same final step (episode i is
     the same task and sampling seed in every arm, :func:`interq.train.rl.evaluate`)."""
-    from interq.train.stats import paired_difference, paired_difference_over_seeds
+    from interq.train.stats import paired_difference, paired_difference_over_seeds, paired_t_over_seeds
 
     pairs = list(PAIRS) + [(a, "q-interq") for a in runs if a not in {x for pr in PAIRS for x in pr}]
     out = {}
@@ -360,8 +368,11 @@ def paired_differences(runs: dict, seeds: dict | None = None) -> dict:
         fa, fb = finals[a], finals[b]
         res = paired_difference(fa, fb)
         over = paired_difference_over_seeds(fa, fb)
+        t = paired_t_over_seeds(over["per_seed"])
         out[f"{a} - {b}"] = {"diff": round(res["diff"], 4), "ci95": [round(x, 4) for x in res["ci95"]],
                              "ci95_seeds_and_tasks": [round(x, 4) for x in over["ci95"]],
+                             "ci95_paired_t": _rounded(t["ci95"]), "p_sign_flip": round(t["p_sign_flip"], 4),
+                             "p_t": _rounded(t["p_t"]), "mde": _rounded(t["mde"]),
                              "per_seed": [round(x, 4) for x in over["per_seed"]],
                              "seeds": res["n_seeds"], "episodes": res["n_episodes"]}
         if common is not None:
@@ -369,14 +380,80 @@ def paired_differences(runs: dict, seeds: dict | None = None) -> dict:
     return out
 
 
+def _rounded(x, digits: int = 4):
+    """Round a number or a list of numbers for JSON; nan (one seed: no between-seed estimate) becomes None."""
+    if isinstance(x, (list, tuple)):
+        return None if any(math.isnan(v) for v in x) else [round(v, digits) for v in x]
+    return None if x is None or math.isnan(x) else round(x, digits)
+
+
+# Aligned arms (the learner runs the executor's quantization) and unaligned quantized arms: the pooled contrast
+ALIGNED, UNALIGNED = ("q-align", "q-interq"), ("q-naive", "q-tis")
+
+
+def pooled_contrast(runs: dict, seeds: dict | None, group_a=ALIGNED, group_b=UNALIGNED) -> dict | None:
+    """Do the arms of ``group_a`` end above those of ``group_b``, with the seed as the stratum? The mean over the
+    seeds all of them finished of ``mean(final success of group_a) - mean(... of group_b)``, with the exact
+    stratified permutation test (:func:`interq.train.stats.stratified_permutation_test`). None where an arm of
+    either group has no comparable final evaluation."""
+    from interq.train.stats import stratified_permutation_test
+
+    arms = [*group_a, *group_b]
+    if not all(a in runs for a in arms):
+        return None
+    aligned = _aligned_finals(runs, seeds, arms)
+    if aligned is None:
+        return None
+    common, outcomes = aligned
+    n_seeds = len(outcomes[arms[0]])
+    rate = {a: [sum(o) / len(o) for o in outcomes[a]] for a in arms}
+    res = stratified_permutation_test([([rate[a][s] for a in group_a], [rate[b][s] for b in group_b])
+                                       for s in range(n_seeds)])
+    every_seed = all(min(rate[a][s] for a in group_a) > max(rate[b][s] for b in group_b) for s in range(n_seeds))
+    return {"groups": [list(group_a), list(group_b)], "diff": round(res["diff"], 4), "p_permutation": round(res["p"], 4),
+            "relabellings": res["relabellings"], "every_a_above_every_b_in_every_seed": every_seed,
+            "seeds": n_seeds, **({"seed_ids": common} if common else {})}
+
+
+def executor_strength(regime: str) -> str:
+    """The executor of a regime as ``w<bits>a<bits>kv<bits>`` (``natural`` -> ``w8a8kv8``, ``matched`` -> ``w4a4kv4``)."""
+    bits = {"w": 8, "a": 8, "kv": 8}
+    for o in REGIMES[regime]:
+        key, _, value = o.partition("=")
+        bits[key.removeprefix("rollout.").removesuffix("_bits")] = int(value)
+    return f"w{bits['w']}a{bits['a']}kv{bits['kv']}"
+
+
+def strength_curve(by_regime: dict, regimes: list[str]) -> dict | None:
+    """Final success against the executor's strength: ``{strength: {arm: {final_mean, ci95, seeds}}}`` over the
+    regimes run, quantized arms only (bf16 is the same run in every regime); None with fewer than two strengths."""
+    curve: dict[str, dict] = {}
+    for regime in regimes:
+        arms = by_regime.get(regime) or {}
+        entry = {a: {"final_mean": v["final_mean"], "ci95": v["ci95"], "seeds": v["seeds"]}
+                 for a, v in arms.items() if a != "bf16"}
+        if entry:
+            curve.setdefault(executor_strength(regime), {}).update(entry)
+    return curve if len(curve) >= 2 else None
+
+
+def pooled_contrast_line(c: dict | None) -> str:
+    if not c:
+        return ""
+    a, b = (" and ".join(g) for g in c["groups"])
+    return (f"Pooled contrast, {a} minus {b} (seed as stratum, {c['seeds']} seeds): {c['diff']:+.3f}, exact stratified "
+            f"permutation p = {c['p_permutation']:.4f} ({c['relabellings']} relabellings); every run of the first group "
+            f"above every run of the second in every seed: {'yes' if c['every_a_above_every_b_in_every_seed'] else 'no'}\n")
+
+
 def markdown_table(summary: dict, threshold: float) -> str:
-    head = ("| arm | seeds | final step | success before | final success (mean ± std) | 95% CI (pooled) | best | steps to "
+    head = ("| arm | seeds | final step | success before | final success (mean ± sample SD) | 95% CI (t over seeds) | best | steps to "
             f"{threshold:.2f} | late regression | learner fwd/step | mean abs delta | budget binds | wall s |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = []
     for arm, s in summary.items():
         reach = "never" if s["steps_to_threshold"] is None else f"{s['steps_to_threshold']:.1f} ({s['reached_threshold']}/{s['seeds']})"
-        ci = "n/a" if not s.get("ci95") else f"[{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}] (n={s['eval_episodes']})"
+        ci = "n/a" if not s.get("ci95") else f"[{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
         steps = sorted(set(s.get("final_steps") or []))
         bound = s.get("budget_bound_frac")
         rows.append(f"| {arm} | {s['seeds']} | {'/'.join(map(str, steps))} | {s['success_before']:.3f} | "
@@ -393,15 +470,27 @@ def paired_table(paired: dict) -> str:
     def interval(ci):
         return "n/a" if not ci else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
-    rows = [f"| {k} | {v['diff']:+.3f} | {interval(v['ci95'])} | {interval(v.get('ci95_seeds_and_tasks'))} | "
+    def verdict(v):
+        ci, mde = v.get("ci95_paired_t"), v.get("mde")
+        if not ci:
+            return "one seed: no seed-level test"
+        if ci[0] > 0 or ci[1] < 0:
+            return "separated"
+        return "not separated" + (f" (MDE {mde:.3f})" if mde is not None else "")
+
+    def p(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    rows = [f"| {k} | {v['diff']:+.3f} | {interval(v.get('ci95_paired_t'))} | {p(v.get('p_sign_flip'))} | "
+            f"{p(v.get('mde'))} | {verdict(v)} | {interval(v.get('ci95_seeds_and_tasks'))} | {interval(v['ci95'])} | "
             + (" / ".join(f"{x:+.3f}" for x in v["per_seed"]) if v.get("per_seed") else "n/a")
             + f" | {v['seeds']} x {v['episodes']}"
             + (f" (seed{'s' if len(v['seed_ids']) > 1 else ''} {', '.join(map(str, v['seed_ids']))})"
                if "seed_ids" in v else "") + " |"
             for k, v in paired.items()]
-    return ("| paired difference (final held-out success) | mean | 95% CI (tasks resampled) | 95% CI (seeds and tasks "
-            "resampled) | per seed | seeds x episodes |\n"
-            "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    return ("| paired difference (final held-out success) | mean | 95% CI (paired t over seeds) | sign-flip p (exact) | "
+            "MDE (80% power) | verdict | 95% CI (seeds and tasks bootstrap) | 95% CI (tasks only) | per seed | "
+            "seeds x episodes |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def budget_trend(runs: dict, seeds: dict | None, base_budget: float) -> dict | None:
@@ -635,21 +724,29 @@ def compare_main(argv: list[str]) -> int:
         curves = plot_mismatch(runs, out / f"mismatch{sfx}.png", budget)
         table = markdown_table(summary, args.threshold)
         trend = budget_trend(runs, res["seeds"].get(regime), budget)
+        contrast = pooled_contrast(runs, res["seeds"].get(regime))
         md += [f"## Regime `{regime}`: {' '.join(REGIMES[regime]) or 'the arms as configured (W8A8-KV8)'}\n", table,
-               paired_table(paired), budget_trend_line(trend), f"![curves](curves{sfx}.png)\n![mismatch](mismatch{sfx}.png)\n"]
-        print(f"regime {regime}\n{table}{paired_table(paired)}{budget_trend_line(trend)}")
+               paired_table(paired), pooled_contrast_line(contrast), budget_trend_line(trend),
+               f"![curves](curves{sfx}.png)\n![mismatch](mismatch{sfx}.png)\n"]
+        print(f"regime {regime}\n{table}{paired_table(paired)}{pooled_contrast_line(contrast)}{budget_trend_line(trend)}")
+        if contrast:
+            result.setdefault("pooled", {})[regime] = contrast
         dump["regimes"][regime], dump["paired"][regime], dump["accumulation"][regime] = summary, paired, curves
         if trend:
             result.setdefault("budget_trend", {})[regime] = trend
         result["regimes"][regime] = {a: {"final_mean": round(s["success_final_mean"], 4),
                                          "final_std": round(s["success_final_std"], 4),
-                                         "ci95": None if s["ci95"] is None else [round(x, 4) for x in s["ci95"]],
+                                         "ci95": None if s["ci95"] is None else _rounded(s["ci95"]),
+                                         "ci95_episodes": None if s["ci95_episodes"] is None else _rounded(s["ci95_episodes"]),
                                          "best": round(s["success_best"], 4),
                                          "late_regression": round(s["late_regression"], 4), "seeds": s["seeds"],
                                          "final_steps": s["final_steps"],
                                          "learner_forward_passes_per_step": round(s["learner_forward_passes_per_step"], 3)}
                                      for a, s in summary.items()}
         result["paired"][regime] = paired
+    curve = strength_curve(result["regimes"], regimes)
+    if curve:
+        result["curve"] = curve
     if res["in_progress"]:
         md.append(in_progress_table(res["in_progress"]))
         print(in_progress_table(res["in_progress"]))

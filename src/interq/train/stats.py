@@ -8,6 +8,7 @@ two success rates carries.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -131,4 +132,179 @@ def linear_trend(xs: Sequence[float], outcomes: Sequence[Sequence[Sequence[int]]
             "n_episodes": n}
 
 
-__all__ = ["Z95", "linear_trend", "paired_difference", "paired_difference_over_seeds", "wilson_interval"]
+# --- seed-level inference -------------------------------------------------------------------------------------------
+# The RL seed is the unit of replication: two runs of one arm differ by their seed's whole training trajectory, and
+# that variance is invisible to an interval that resamples held-out episodes only. The functions below treat each
+# seed's number (an arm's final success, or a paired difference between two arms in one seed) as one observation.
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz), for x < (a + 1) / (a + b + 2)."""
+    tiny, eps = 1e-300, 1e-15
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
+
+
+def regularized_beta(x: float, a: float, b: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, for 0 <= x <= 1 and a, b > 0."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"x={x} must be in [0, 1]")
+    if x in (0.0, 1.0):
+        return x
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    if df <= 0:
+        raise ValueError(f"df={df} must be > 0")
+    tail = 0.5 * regularized_beta(df / (df + t * t), df / 2.0, 0.5)  # P(T > |t|)
+    return 1.0 - tail if t >= 0 else tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on :func:`student_t_cdf`)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p={p} must be in (0, 1)")
+    if p < 0.5:
+        return -student_t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while student_t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if student_t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+def sample_std(xs: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1 in the denominator); 0.0 for fewer than two values."""
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    m = sum(xs) / n
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+
+
+def minimum_detectable_effect(se: float, df: float, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true difference a two-sided t test at level ``alpha`` detects with probability ``power``, for a
+    standard error ``se`` with ``df`` degrees of freedom: ``(t_{1-alpha/2} + t_{power}) * se`` (the usual
+    approximation to the noncentral t; within a few percent of it for df >= 4). ``nan`` where ``se`` is nan."""
+    if math.isnan(se) or df <= 0:
+        return math.nan
+    return (student_t_quantile(1.0 - alpha / 2.0, df) + student_t_quantile(power, df)) * se
+
+
+def seed_interval(values: Sequence[float], *, alpha: float = 0.05) -> dict:
+    """Mean over seeds with its t interval: ``{"mean", "sd" (sample), "se", "ci95", "n"}``; the interval is
+    ``[nan, nan]`` for a single seed (no between-seed variance can be estimated from one)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("need at least one seed")
+    mean = sum(values) / n
+    sd = sample_std(values)
+    if n < 2:
+        return {"mean": mean, "sd": 0.0, "se": math.nan, "ci95": [math.nan, math.nan], "n": n}
+    se = sd / math.sqrt(n)
+    half = student_t_quantile(1.0 - alpha / 2.0, n - 1) * se
+    return {"mean": mean, "sd": sd, "se": se, "ci95": [mean - half, mean + half], "n": n}
+
+
+def sign_flip_test(diffs: Sequence[float], *, max_exact_seeds: int = 16, resamples: int = 100_000,
+                   seed: int = 0) -> float:
+    """Two-sided p-value of the paired permutation (sign-flip) test of "mean difference = 0" over seeds.
+
+    Under the null each seed's difference is as likely to have the other sign, so the p-value is the share of the
+    2**S sign patterns whose |mean| is at least the observed |mean|. Exact for S <= ``max_exact_seeds`` (then it
+    cannot go below 2 / 2**S: 0.25 for 3 seeds, 0.0625 for 5); a Monte Carlo estimate beyond.
+    """
+    s_count = len(diffs)
+    if s_count == 0:
+        raise ValueError("need at least one seed")
+    observed = abs(sum(diffs)) - 1e-12 * max(1.0, sum(abs(x) for x in diffs))
+    if s_count <= max_exact_seeds:
+        hits = sum(abs(sum(x if keep else -x for x, keep in zip(diffs, signs))) >= observed
+                   for signs in itertools.product((True, False), repeat=s_count))
+        return hits / 2 ** s_count
+    rng = random.Random(seed)
+    hits = sum(abs(sum(x if rng.random() < 0.5 else -x for x in diffs)) >= observed for _ in range(resamples))
+    return (hits + 1) / (resamples + 1)
+
+
+def paired_t_over_seeds(diffs: Sequence[float], *, alpha: float = 0.05, power: float = 0.8) -> dict:
+    """Inference on a paired difference between two arms from its per-seed values ``diffs`` (arm A minus arm B in
+    each seed, both on the same held-out episodes): the mean, the paired t interval over seeds, the exact sign-flip
+    p-value (:func:`sign_flip_test`), the two-sided t test's p-value, and the minimum detectable effect at
+    ``power`` (:func:`minimum_detectable_effect`) from the observed between-seed SD: the smallest true difference
+    this many seeds would detect with that probability at this seed-to-seed (plus evaluation) noise."""
+    iv = seed_interval(diffs, alpha=alpha)
+    n = iv["n"]
+    if n < 2 or iv["se"] == 0.0:
+        p_t = math.nan if n < 2 else (1.0 if iv["mean"] == 0.0 else 0.0)
+    else:
+        p_t = 2.0 * (1.0 - student_t_cdf(abs(iv["mean"]) / iv["se"], n - 1))
+    return {"diff": iv["mean"], "ci95": iv["ci95"], "sd": iv["sd"], "se": iv["se"], "n_seeds": n,
+            "p_t": p_t, "p_sign_flip": sign_flip_test(diffs),
+            "mde": minimum_detectable_effect(iv["se"], n - 1, alpha=alpha, power=power) if n >= 2 else math.nan}
+
+
+def stratified_permutation_test(strata: Sequence[tuple[Sequence[float], Sequence[float]]], *,
+                                max_exact: int = 200_000, resamples: int = 100_000, seed: int = 0) -> dict:
+    """Does group A beat group B, with the seed as the stratum? ``strata[s] = (a_values, b_values)``: e.g. the final
+    success of each aligned arm and of each unaligned arm in seed ``s``. The statistic is the mean over strata of
+    ``mean(a) - mean(b)``; under the null the A/B labels are exchangeable within each stratum (not across: seeds
+    differ), so the two-sided p-value is the share of within-stratum relabellings whose |statistic| is at least the
+    observed one. Exact when the number of relabellings is at most ``max_exact``, Monte Carlo beyond.
+    Returns ``{"diff", "p", "relabellings", "exact", "n_strata"}``."""
+    if not strata:
+        raise ValueError("need at least one stratum")
+    pools, sizes = [], []
+    for a, b in strata:
+        if not a or not b:
+            raise ValueError("every stratum needs at least one value in each group")
+        pools.append(list(a) + list(b))
+        sizes.append(len(a))
+
+    def stat(splits):
+        return sum(sum(pool[i] for i in idx) / k - (sum(pool) - sum(pool[i] for i in idx)) / (len(pool) - k)
+                   for pool, k, idx in zip(pools, sizes, splits)) / len(pools)
+
+    observed = stat([tuple(range(k)) for k in sizes])
+    tol = 1e-12 * max(1.0, abs(observed))
+    total = math.prod(math.comb(len(p), k) for p, k in zip(pools, sizes))
+    if total <= max_exact:
+        choices = [list(itertools.combinations(range(len(p)), k)) for p, k in zip(pools, sizes)]
+        hits = sum(abs(stat(splits)) >= abs(observed) - tol for splits in itertools.product(*choices))
+        p_value = hits / total
+    else:
+        rng = random.Random(seed)
+        hits = sum(abs(stat([tuple(rng.sample(range(len(p)), k)) for p, k in zip(pools, sizes)])) >= abs(observed) - tol
+                   for _ in range(resamples))
+        p_value = (hits + 1) / (resamples + 1)
+    return {"diff": observed, "p": p_value, "relabellings": total, "exact": total <= max_exact, "n_strata": len(pools)}
+
+
+__all__ = ["Z95", "linear_trend", "minimum_detectable_effect", "paired_difference", "paired_difference_over_seeds",
+           "paired_t_over_seeds", "regularized_beta", "sample_std", "seed_interval", "sign_flip_test",
+           "stratified_permutation_test", "student_t_cdf", "student_t_quantile", "wilson_interval"]
