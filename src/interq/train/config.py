@@ -1,10 +1,14 @@
 """Typed, frozen run configuration: one dataclass per component, YAML presets, ``key.sub=value`` overrides.
 
-Every default is defined once, here. Batch sizes carry their unit in the name (``tasks_per_step``,
-``episodes_per_task``, ``tokens_per_microbatch``). :func:`validate` checks the whole config before any work
-starts and raises :class:`ConfigError` naming the field, the value and what is allowed.
+Every field is defined once, here, with its default, a one-line doc and its allowed values (the field's
+``metadata``: ``doc``, ``choices`` or ``bounds``, else ``allowed`` in words). That one definition feeds the
+validation messages (:func:`validate`), ``interq <command> --help-config`` (:func:`config_help`) and the field
+reference in docs/configuration.md (:func:`reference_markdown`; regenerate it with
+``python -m interq.train.config --write-reference docs/configuration.md``). Batch sizes carry their unit in the
+name (``tasks_per_step``, ``episodes_per_task``, ``tokens_per_microbatch``). :func:`validate` checks the whole
+config before any work starts and raises :class:`ConfigError` naming the field, the value and what is allowed.
 
-The five arms of ``interq-spec.md`` §4 are presets (``src/interq/presets/<arm>.yaml``) over these defaults:
+The five arms are presets (``src/interq/presets/<arm>.yaml``) over these defaults:
 
 | arm | ``rollout.executor`` | ``algo.align`` | ``algo.correction`` |
 |---|---|---|---|
@@ -20,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import textwrap
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from importlib import resources
@@ -33,16 +38,20 @@ ADVANTAGES = ("grpo", "gigpo")
 LAYOUTS = ("concatenated", "per_turn")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 EXECUTORS = ("bf16", "fp32", "w8a8")
-LEARNER_AUTOCASTS = ("auto", "off", "bf16", "bf16_backward")  # train.learner_autocast (auto: resolve_learner_autocast)
-LEARNER_GEMMS = ("torch", "onednn")  # train.learner_gemm
-LEARNER_ATTENTIONS = ("auto", "sdpa", "kernel")  # train.learner_attention (auto: resolve_learner_attention)
+WEIGHT_FORMATS = ("int8", "fp8_e4m3")
+KV_FORMATS = ("none", "int8_per_token_head", "fp8_per_token_head", "fp8_tensor")
+LEARNER_AUTOCASTS = ("auto", "off", "bf16", "bf16_backward")
+LEARNER_GEMMS = ("torch", "onednn")
+LEARNER_ATTENTIONS = ("auto", "sdpa", "kernel")
 ATTENTIONS = ("sdpa", "sdpa_packed", "packed_kernel")  # = interq.rollout.attention.ATTENTION_CHOICES (tested), kept here torch-free
+DEVICES = ("cpu", "cuda", "auto")
 ARCHS = ("qwen3", "qwen3_moe")
 DTYPES = ("float32", "bfloat16")
 ARMS = ("bf16", "q-naive", "q-tis", "q-align", "q-interq")
 ACTION_FORMATS = ("text", "index", "auto")
 PROMPTS = ("compact", "verl_agent", "auto")
 ARM_BASE = "household"  # the preset the arm presets build on; ``env.name=<env>`` puts them on ``<env>.yaml`` instead
+DEFAULT_PRESET = "q-interq"  # the preset every command starts from unless --preset names another
 
 
 class ConfigError(ValueError):
@@ -54,158 +63,306 @@ class NonFiniteTrainingError(RuntimeError):
     so the weights are those of the last good step)."""
 
 
+# ----------------------------------------------------------------------------------------------------
+# field metadata: the doc and the allowed values of every field, in one place
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The numbers a field accepts: ``low`` .. ``high`` (each end included unless ``*_open``); NaN never, an
+    infinite value only where ``inf_ok`` (a cap or budget where inf means "none")."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    inf_ok: bool = False
+
+    def text(self) -> str:
+        """``> 0``, ``>= 0``, ``in [0, 1]``, ``in (0, 1]``, ``> 0 (inf allowed)``."""
+        if math.isinf(self.high):
+            out = f"{'>' if self.low_open else '>='} {_num(self.low)}"
+        else:
+            out = f"in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
+        return out + (" (inf allowed)" if self.inf_ok else "")
+
+    def check(self, path: str, value: Any) -> None:
+        """Raise :class:`ConfigError` naming ``path`` unless ``value`` lies in the bounds."""
+        lo_ok = value > self.low if self.low_open else value >= self.low
+        hi_ok = value < self.high if self.high_open else value <= self.high
+        if isinstance(value, float) and math.isnan(value) or not (lo_ok and hi_ok):
+            raise ConfigError(f"{path}={value!r} is not accepted; it must be {self.text().removesuffix(' (inf allowed)')}")
+        if not self.inf_ok and isinstance(value, float) and math.isinf(value):
+            raise ConfigError(f"{path}={value!r} is not accepted; it must be a finite number")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+POSITIVE = Bounds(0, low_open=True)
+NON_NEGATIVE = Bounds(0)
+POSITIVE_OR_INF = Bounds(0, low_open=True, inf_ok=True)
+NON_NEGATIVE_OR_INF = Bounds(0, inf_ok=True)
+UNIT = Bounds(0, 1)
+BITS = Bounds(4, 8)
+ADAM_BETA = Bounds(0, 0.999999)
+
+
+def _f(default: Any, doc: str, *, choices: tuple | None = None, bounds: Bounds | None = None,
+       allowed: str | None = None) -> Any:
+    """A config field: its default, a one-line ``doc`` (what it does, units) and its allowed values: ``choices`` (a
+    fixed set), ``bounds`` (numbers) or ``allowed`` (in words, where validation is conditional or external)."""
+    meta: dict[str, Any] = {"doc": doc}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if bounds is not None:
+        meta["bounds"] = bounds
+    if allowed is not None:
+        meta["allowed"] = allowed
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _section(cls: type, doc: str) -> Any:
+    return field(default_factory=cls, metadata={"doc": doc})
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The policy. ``source="tiny"`` builds a small Qwen3 / Qwen3-MoE from the fields below and a tokenizer
     trained on environment text; any other value is a checkpoint directory (safetensors + tokenizer.json),
     or ``smollm2`` for the offline SmolLM2-135M-Instruct."""
 
-    source: str = "tiny"
-    arch: str = "qwen3"                 # qwen3 | qwen3_moe (tiny only)
-    vocab_size: int = 768               # target size of the trained tokenizer (tiny only)
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 16
-    intermediate_size: int = 192
-    num_experts: int = 4                # qwen3_moe only
-    num_experts_per_tok: int = 2        # qwen3_moe only
-    moe_intermediate_size: int = 96     # qwen3_moe only
-    max_position_embeddings: int = 4096
-    dtype: str = "float32"              # learner master weights and forward compute dtype
+    source: str = _f("tiny", "Where the policy comes from: tiny builds a small model from the model.* fields and a "
+                     "tokenizer trained on environment text; smollm2 loads the bundled SmolLM2-135M-Instruct; any other "
+                     "value is a checkpoint directory (config.json, safetensors, tokenizer.json).",
+                     allowed="tiny, smollm2 or a checkpoint directory")
+    arch: str = _f("qwen3", "Architecture of the tiny policy: dense Qwen3 or mixture-of-experts Qwen3-MoE (tiny only).",
+                   choices=ARCHS)
+    vocab_size: int = _f(768, "Size of the tokenizer trained on environment text, in tokens: the 256 byte-level "
+                         "symbols plus merges (tiny only).", bounds=Bounds(300))
+    hidden_size: int = _f(64, "Width of the residual stream (tiny only).", bounds=POSITIVE)
+    num_layers: int = _f(2, "Number of decoder layers (tiny only).", bounds=POSITIVE)
+    num_heads: int = _f(4, "Query heads per attention layer (tiny only).", bounds=POSITIVE)
+    num_kv_heads: int = _f(2, "Key/value heads per attention layer, grouped-query attention; must divide "
+                           "model.num_heads (tiny only).", bounds=POSITIVE)
+    head_dim: int = _f(16, "Width of each attention head (tiny only).", bounds=POSITIVE)
+    intermediate_size: int = _f(192, "Hidden width of the dense MLP (tiny only).", bounds=POSITIVE)
+    num_experts: int = _f(4, "Experts per mixture-of-experts layer (tiny qwen3_moe only).", bounds=POSITIVE)
+    num_experts_per_tok: int = _f(2, "Experts each token is routed to (tiny qwen3_moe only).",
+                                  allowed="in [1, model.num_experts]")
+    moe_intermediate_size: int = _f(96, "Hidden width of each expert's MLP (tiny qwen3_moe only).", bounds=POSITIVE)
+    max_position_embeddings: int = _f(4096, "Longest sequence the rotary positions are set up for, in tokens "
+                                      "(tiny only).", bounds=POSITIVE)
+    dtype: str = _f("float32", "Dtype of the learner's master weights and of its forward compute.", choices=DTYPES)
 
 
 @dataclass(frozen=True)
 class EnvConfig:
-    name: str = "household"
-    train_split: str = "train"
-    eval_split: str = "valid_unseen"
-    num_train_tasks: int = 64           # task instances RL samples from (0: all of the split)
-    num_eval_tasks: int = 32            # held-out tasks evaluated every eval_every_steps
-    task_types: str = ""                # comma-separated task types to keep (empty: all), e.g. pick_and_place
-    max_turns: int = 12                 # environment step limit per episode (truncation)
-    show_admissible: bool = True        # list the admissible actions in every observation
-    action_format: str = "text"         # text: the agent writes the action; index: its number in the listed actions; auto: text for a pretrained model.source, index for tiny (resolved when the config is built)
-    prompt: str = "compact"             # compact: interq.agent.loop.make_render (a tiny policy); verl_agent: interq.envs.prompting.build_prompt (a chat model; text actions in <action> tags); auto: verl_agent for a pretrained model.source, compact for tiny
-    invalid_action_penalty: float = 0.1  # spec §6
-    env_kwargs: dict = field(default_factory=dict)  # extra keyword arguments for make_env
-    num_workers: int = 0                # 0: environments in the trainer's process, stepped one by one; N > 0: an EnvPool of N worker processes stepping a step's episodes in parallel (in waves of N; a crashed or hung worker costs only its episode)
-    overlap: bool = False               # num_workers >= 2: play each wave in two halves, one generating while the other's environments step in the workers (slow engines: the env time hides behind generation; generation runs at half the batch); the same episodes as without it
-    step_timeout_s: float = 300.0       # num_workers > 0: a worker that does not answer a step (or reset) within this many seconds is killed and its episode recorded as failed
+    """The environment, its task splits, and how the agent sees and answers it."""
+
+    name: str = _f("household", "Environment to play, by its registered name (interq.envs.list_envs(): household, "
+                   "synthshop, alfworld, scienceworld, webshop); an arm preset with env.name=<env> builds on that "
+                   "environment's preset.", allowed="a registered environment name")
+    train_split: str = _f("train", "Task split that RL and the warm start draw their tasks from.",
+                          allowed="a split of the environment")
+    eval_split: str = _f("valid_unseen", "Held-out task split of the evaluations (training and interq eval).",
+                         allowed="a split of the environment")
+    num_train_tasks: int = _f(64, "Task instances RL samples from: the first N of the train split (0: all of it).",
+                              bounds=NON_NEGATIVE)
+    num_eval_tasks: int = _f(32, "Held-out task instances each evaluation plays: the first N of the eval split "
+                             "(0: none).", bounds=NON_NEGATIVE)
+    task_types: str = _f("", "Comma-separated task types kept in both splits, e.g. pick_and_place (empty: all).",
+                         allowed="task types of the environment, comma-separated")
+    max_turns: int = _f(12, "Step limit per episode, in environment steps; reaching it truncates the episode.",
+                        bounds=POSITIVE)
+    show_admissible: bool = _f(True, "List the admissible actions in every observation.")
+    action_format: str = _f("text", "How the agent answers: text writes the action, index writes its number in the "
+                            "listed actions; auto is resolved when the config is built: text for a pretrained "
+                            "model.source, index for tiny.", choices=ACTION_FORMATS)
+    prompt: str = _f("compact", "Prompt format: compact (a short render for the tiny policy) or verl_agent (a chat "
+                     "prompt with the action in <action> tags, for a chat model); auto is resolved when the config is "
+                     "built: verl_agent for a pretrained model.source, compact for tiny.", choices=PROMPTS)
+    invalid_action_penalty: float = _f(0.1, "Reward subtracted for an action the environment does not accept.",
+                                       bounds=NON_NEGATIVE)
+    env_kwargs: dict = _f({}, "Extra keyword arguments for the environment's constructor, e.g. {size: small}.",
+                          allowed="a mapping the environment accepts")
+    num_workers: int = _f(0, "Worker processes that step the environments: 0 steps them in the trainer's process one "
+                          "by one; N > 0 steps a step's episodes in a pool of N processes, in waves of N (a crashed or "
+                          "hung worker costs only its episode).", bounds=NON_NEGATIVE)
+    overlap: bool = _f(False, "With env.num_workers >= 2, play each wave in two halves, one generating while the "
+                       "other's environments step in the workers; the same episodes as without it.")
+    step_timeout_s: float = _f(300.0, "Seconds a worker may take to answer a step or reset before it is killed and "
+                               "its episode recorded as failed (env.num_workers > 0).", bounds=POSITIVE)
 
 
 @dataclass(frozen=True)
 class WarmStartConfig:
-    """Supervised fine-tuning on expert demonstrations. ``noise`` (share of random admissible actions in
-    the demos), ``num_demos`` and ``steps`` set how good the starting policy is (RL needs room).
-    ``observation_weight``: weight of the language-modelling loss on observation tokens next to the action
-    loss (0: classic action-only SFT, for a pretrained checkpoint; a tiny policy trained from scratch
-    needs it, see :mod:`interq.train.sft`)."""
+    """Supervised fine-tuning on expert demonstrations before RL. ``noise``, ``num_demos`` and ``steps`` set how
+    good the starting policy is (RL needs room to improve); a tiny policy trained from scratch needs the
+    observation loss (``observation_weight``, :mod:`interq.train.sft`)."""
 
-    enabled: bool = True
-    num_demos: int = 256
-    noise: float = 0.2
-    steps: int = 300
-    lr: float = 3e-3
-    observation_weight: float = 0.0
-    episodes_per_microbatch: int = 16
-    seed: int = 0
+    enabled: bool = _f(True, "Fine-tune on expert demonstrations before RL (false: RL starts from the policy as built "
+                       "or loaded).")
+    num_demos: int = _f(256, "Expert demonstration episodes to fine-tune on.",
+                        allowed="> 0 (>= 0 with warm_start.enabled=false)")
+    noise: float = _f(0.2, "Share of the demonstrations' actions replaced by random admissible ones.", bounds=UNIT)
+    steps: int = _f(300, "Optimizer steps of the fine-tuning (0: none).", bounds=NON_NEGATIVE)
+    lr: float = _f(3e-3, "Learning rate of the fine-tuning (AdamW).", bounds=POSITIVE)
+    observation_weight: float = _f(0.0, "Weight of the language-modelling loss on observation tokens next to the "
+                                   "action loss (0: action-only fine-tuning, as for a pretrained checkpoint).",
+                                   bounds=NON_NEGATIVE)
+    episodes_per_microbatch: int = _f(16, "Demonstration episodes per gradient-accumulation micro-batch.",
+                                      bounds=POSITIVE)
+    seed: int = _f(0, "Seed of the demonstrations' noise and of the fine-tuning's batch order.")
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    executor: str = "bf16"              # bf16 | fp32 | w8a8 (the behaviour policy's numerics)
-    executor_dtype: str = "bfloat16"    # w8a8 only: compute dtype between the int8 GEMMs (engines use bf16)
-    weight_format: str = "int8"         # w8a8 only: passed to interq.quant.QuantConfig
-    kv_format: str = "int8_per_token_head"  # w8a8 only
-    # Integer widths in [4, 8] (w8a8 only; all 8 = W8A8-KV8). Lower-precision rollouts that exist in practice:
-    # 4-bit weights as in W4A8 / W4A16 serving (w_bits=4), a 4-bit KV cache (kv_bits=4); and the stress setting
-    # of the comparison study (W4A4-KV4). Symmetric, qmax = 2**(bits-1) - 1, same int8 kernels and exact int32
-    # accumulation, codes not packed (interq.quant.QuantConfig).
-    w_bits: int = 8                     # weights; needs weight_format=int8 below 8
-    a_bits: int = 8                     # activations of the int8 GEMMs; needs weight_format=int8 below 8
-    kv_bits: int = 8                    # K/V cache; needs kv_format=int8_per_token_head below 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    # sdpa_packed (default since NUMERICS_VERSION 2): a single query token always attends with its KV head's query
-    # heads packed (interq.rollout.attention): the same kernel path whatever the batch's padding; for GQA models
-    # where no row is padded, decode attention 3.3-6.1x faster in bf16 on CPU (docs/benchmarks.md, "decode
-    # attention"). sdpa: transformers' attention as it comes (the numerics of the study's runs, version 1).
-    # packed_kernel (opt-in): sdpa_packed with one-token decode attention by interq's CPU kernel, 2.5-3.2x faster
-    # than torch's flash kernel there, fp32 inside, not the same bits (interq.rollout.attention).
-    attention: str = "sdpa_packed"
-    max_action_tokens: int = 12
-    max_context_tokens: int = 2048      # reaching it truncates the episode
-    history_turns: int = 0              # per_turn layout: earlier (observation, action) pairs re-rendered in each prompt (0: none, the task and the current observation only, as verl-agent's history_length=0)
+    """The executor (the behaviour policy that plays the episodes) and its sampling."""
+
+    executor: str = _f("bf16", "Numerics of the executor that plays the episodes: bf16, fp32, or w8a8 (integer "
+                       "weights and activations in the GEMMs, a quantized KV cache).", choices=EXECUTORS)
+    executor_dtype: str = _f("bfloat16", "Compute dtype between the integer GEMMs (w8a8 only).", choices=DTYPES)
+    weight_format: str = _f("int8", "Weight format of the executor's linear layers (w8a8 only).",
+                            choices=WEIGHT_FORMATS)
+    kv_format: str = _f("int8_per_token_head", "KV-cache format of the executor (w8a8 only; none: unquantized).",
+                        choices=KV_FORMATS)
+    w_bits: int = _f(8, "Integer width of the executor's weights, e.g. 4 as in W4A8 serving (w8a8 with "
+                     "weight_format=int8; symmetric, int8 kernels, exact int32 sums).", bounds=BITS)
+    a_bits: int = _f(8, "Integer width of the activations entering the executor's GEMMs (w8a8 with "
+                     "weight_format=int8).", bounds=BITS)
+    kv_bits: int = _f(8, "Integer width of the executor's KV cache (w8a8 with kv_format=int8_per_token_head).",
+                      bounds=BITS)
+    temperature: float = _f(1.0, "Sampling temperature of the training episodes.", bounds=POSITIVE)
+    top_p: float = _f(1.0, "Nucleus-sampling probability mass of the training episodes (1: off).",
+                      bounds=Bounds(0, 1, low_open=True))
+    attention: str = _f("sdpa_packed", "Executor's attention: sdpa_packed (a single query token attends with its KV "
+                        "head's query heads packed: the same kernel path whatever the batch's padding, faster decode "
+                        "for grouped-query models), sdpa (transformers' attention as it comes), packed_kernel "
+                        "(sdpa_packed with one-token decode attention by interq's CPU kernel, fp32 inside: faster, "
+                        "not the same bits).", choices=ATTENTIONS)
+    max_action_tokens: int = _f(12, "Most tokens the agent generates per turn.", bounds=POSITIVE)
+    max_context_tokens: int = _f(2048, "Longest context in tokens; reaching it truncates the episode.",
+                                 allowed="> rollout.max_action_tokens")
+    history_turns: int = _f(0, "Earlier (observation, action) pairs re-rendered in each turn's prompt in the per_turn "
+                            "layout (0: the task and the current observation only).", bounds=NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    correction: str = "tis"
-    align: bool = False                 # learner forward quantized like the executor (STE)
-    layout: str = "concatenated"        # concatenated (one row per episode) | per_turn (one row per turn)
-    advantage: str = "grpo"
-    grpo_std: bool = True
-    gigpo_gamma: float = 0.95
-    gigpo_omega: float = 1.0
-    budget: float = 0.5                 # InterQ displacement budget B (nats)
-    tis_cap: float = 2.0
-    icepop_low: float = 0.5
-    icepop_high: float = 2.0
-    geo_low: float = 0.9
-    geo_high: float = 1.1
-    prefix_cap: float = 2.0
-    normalize: bool = False
-    token_correction: bool = True       # false: the methods' token factor is 1 (e.g. interq = exp(Lambda) alone; spec §3)
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    loss_agg: str = "token_mean"        # token_mean | seq_mean_token_mean (a sequence = one trajectory, in both layouts)
-    ppo_epochs: int = 1
-    minibatches_per_step: int = 1
+    """The RL objective: correction of the executor/learner mismatch, advantages, clipped loss."""
+
+    correction: str = _f("tis", "Correction of the executor/learner mismatch: none; tis (token ratio capped at "
+                         "algo.tis_cap); icepop (drops tokens whose ratio leaves [icepop_low, icepop_high]); seq_is "
+                         "(trajectory ratio capped at algo.tis_cap); geo_mask (drops trajectories whose geometric-mean "
+                         "ratio leaves [geo_low, geo_high]); prefix_is (the earlier turns' ratio, capped at "
+                         "algo.prefix_cap); interq (a prefix log-weight bounded by algo.budget, shared out by "
+                         "effective support); interq_uniform (interq with equal shares).", choices=CORRECTIONS)
+    align: bool = _f(False, "Quantize the learner's forward like the executor (straight-through gradients); needs "
+                     "rollout.executor=w8a8.")
+    layout: str = _f("concatenated", "Training rows: concatenated (one row per episode) or per_turn (one row per "
+                     "turn).", choices=LAYOUTS)
+    advantage: str = _f("grpo", "Advantage estimator: grpo (an episode's return against its group's) or gigpo "
+                        "(GRPO plus a step-level term over repeated states).", choices=ADVANTAGES)
+    grpo_std: bool = _f(True, "Divide advantages by their group's standard deviation.")
+    gigpo_gamma: float = _f(0.95, "Discount of GiGPO's step-level returns.", bounds=UNIT)
+    gigpo_omega: float = _f(1.0, "Weight of GiGPO's step-level advantage next to the episode-level one.",
+                            bounds=NON_NEGATIVE)
+    budget: float = _f(0.5, "InterQ's budget B in nats: the bound on a turn's prefix log-weight |Lambda| (0: no "
+                       "prefix weight; inf: unbounded).", bounds=NON_NEGATIVE_OR_INF)
+    tis_cap: float = _f(2.0, "Cap on the token ratio exp(delta) (tis and the token factor of the other methods) "
+                        "and on seq_is's trajectory ratio.", bounds=POSITIVE_OR_INF)
+    icepop_low: float = _f(0.5, "icepop: the smallest token ratio kept.", allowed="in (0, algo.icepop_high]")
+    icepop_high: float = _f(2.0, "icepop: the largest token ratio kept.", allowed=">= algo.icepop_low")
+    geo_low: float = _f(0.9, "geo_mask: the smallest geometric-mean trajectory ratio kept.",
+                        allowed="in (0, algo.geo_high]")
+    geo_high: float = _f(1.1, "geo_mask: the largest geometric-mean trajectory ratio kept.", allowed=">= algo.geo_low")
+    prefix_cap: float = _f(2.0, "prefix_is: the cap on the prefix weight (the earlier turns' ratio).",
+                           bounds=POSITIVE_OR_INF)
+    normalize: bool = _f(False, "Divide the correction weights by their mean over the batch's kept action tokens.")
+    token_correction: bool = _f(True, "Multiply the prefix methods' weight (interq, interq_uniform, prefix_is) and "
+                                "geo_mask's by the capped token ratio (false: token factor 1, e.g. interq = "
+                                "exp(Lambda) alone).")
+    clip_eps_low: float = _f(0.2, "PPO clip below 1: a ratio under 1 - eps is clipped.", bounds=UNIT)
+    clip_eps_high: float = _f(0.28, "PPO clip above 1: a ratio over 1 + eps is clipped (inf: no upper clip).",
+                              bounds=NON_NEGATIVE_OR_INF)
+    loss_agg: str = _f("token_mean", "Loss averaging: token_mean (over the batch's action tokens) or "
+                       "seq_mean_token_mean (within each trajectory, then over trajectories; a trajectory is one "
+                       "episode in both layouts).", choices=LOSS_AGGS)
+    ppo_epochs: int = _f(1, "Passes over each step's episodes.", bounds=POSITIVE)
+    minibatches_per_step: int = _f(1, "Optimizer steps per pass, the episodes split into this many mini-batches.",
+                                   allowed="in [1, train.tasks_per_step x train.episodes_per_task]")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0
-    max_nonfinite_steps: int = 3        # a non-finite loss or gradient skips the optimizer step; this many in a row stop the run
+    """The RL optimizer (AdamW)."""
+
+    lr: float = _f(1e-3, "Learning rate of RL.", bounds=POSITIVE)
+    weight_decay: float = _f(0.0, "Decoupled weight decay.", bounds=NON_NEGATIVE)
+    beta1: float = _f(0.9, "Decay of the first-moment (gradient mean) estimate.", bounds=ADAM_BETA)
+    beta2: float = _f(0.99, "Decay of the second-moment (squared gradient) estimate.", bounds=ADAM_BETA)
+    grad_clip: float = _f(1.0, "Gradient-norm clip (0: none).", bounds=NON_NEGATIVE)
+    max_nonfinite_steps: int = _f(3, "RL steps in a row with a non-finite loss or gradient (their updates skipped) "
+                                  "that stop the run.", bounds=POSITIVE)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 20
-    tasks_per_step: int = 4
-    episodes_per_task: int = 4          # GRPO group size G
-    tokens_per_microbatch: int = 4096   # gradient accumulation unit (rows packed up to this many tokens)
-    eval_every_steps: int = 5
-    eval_episodes_per_task: int = 1
-    eval_temperature: float = 1.0
-    checkpoint_every_steps: int = 5
-    seed: int = 0
-    threads: int = 0                    # torch.set_num_threads (0: leave alone)
-    device: str = "cpu"                 # learner + executor: cpu | cuda | auto (cuda when a GPU is visible); warm start stays on cpu
-    gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward instead of keeping them (transformers' non-reentrant checkpointing): much less learner memory for about one more forward per micro-batch; the same gradients
-    learner_autocast: str = "auto"      # auto | off | bf16 | bf16_backward. auto (default since NUMERICS_VERSION 4): bf16_backward on a CPU learner where bf16 is native (AVX512_BF16 / AMX), else off; resolved when the config is built (resolve_learner_autocast). bf16: plain learner's forward under torch.autocast(bf16), fp32 master weights (not with algo.align); bf16_backward: fp32 forward (the same log-probs), the linear layers' backward GEMMs in bf16 (any learner; interq.train.bf16_backward)
-    learner_gemm: str = "torch"         # torch | onednn: the library of the learner's fp32 CPU GEMMs (linear layers, forward and backward). onednn: 2.1-2.5x torch's MKL on AMD CPUs (AVX-512), the same fp32 arithmetic summed in another order (log-probs and gradients differ by rounding; interq.train.onednn_gemm)
-    learner_attention: str = "auto"     # auto | sdpa | kernel: the learner's causal self-attention (forward and backward). sdpa: transformers' (torch's CPU flash kernel); kernel: interq's CPU kernel, fp32, 2.2-2.6x torch's (forward and backward) at 300-1,760 tokens on AMD EPYCs with AVX-512, 1.14-1.28x at 300-2,500 on an AVX2-only EPYC (0.71-0.79x on an Intel Xeon), the same function to rounding (interq.train.learner_attention); auto (default since NUMERICS_VERSION 4): kernel for a CPU learner where interq's CPU kernels load on a CPU with AVX-512 or AVX2 + FMA, else sdpa, and sdpa on Intel CPUs (since the seventeenth session: the kernel was slower there; CPUs without AVX-512 took sdpa in the twenty-third session only); resolved when the config is built
-    progress: bool = True
-    tensorboard: bool = False
+    """The RL loop: steps, batch, evaluation, checkpoints, and the learner's kernels."""
+
+    steps: int = _f(20, "RL steps to run (0: none).", bounds=NON_NEGATIVE)
+    tasks_per_step: int = _f(4, "Task instances sampled per RL step.", bounds=POSITIVE)
+    episodes_per_task: int = _f(4, "Episodes played per task instance: the advantage's group size G (>= 2 for grpo "
+                                "and gigpo).", bounds=POSITIVE)
+    tokens_per_microbatch: int = _f(4096, "Gradient-accumulation unit: rows packed up to this many tokens per "
+                                    "forward and backward.", bounds=POSITIVE)
+    eval_every_steps: int = _f(5, "Evaluate held-out success before RL, every N steps and at the last step (0: "
+                               "never).", bounds=NON_NEGATIVE)
+    eval_episodes_per_task: int = _f(1, "Episodes played per held-out task at each evaluation.", bounds=POSITIVE)
+    eval_temperature: float = _f(1.0, "Sampling temperature of the evaluations (0: greedy).", bounds=NON_NEGATIVE)
+    checkpoint_every_steps: int = _f(5, "Save a resumable checkpoint every N steps and at the last step (0: never).",
+                                     bounds=NON_NEGATIVE)
+    seed: int = _f(0, "Seed of RL's task sampling and episode seeds, and of the tiny policy's initialisation.")
+    threads: int = _f(0, "torch threads (torch.set_num_threads; 0: leave torch's choice).", bounds=NON_NEGATIVE)
+    device: str = _f("cpu", "Where learner and executor run: cpu, cuda, or auto (cuda when a GPU is visible); the "
+                     "warm start stays on the CPU.", choices=DEVICES)
+    gradient_checkpointing: bool = _f(False, "Recompute each decoder layer's activations in the backward instead of "
+                                      "keeping them: much less learner memory for about one more forward per "
+                                      "micro-batch; the same gradients.")
+    learner_autocast: str = _f("auto", "bf16 in the learner: off (fp32); bf16 (the plain learner's forward under "
+                               "torch.autocast, fp32 master weights; not with algo.align); bf16_backward (fp32 "
+                               "forward, the same log-probs, backward GEMMs of the linear layers in bf16); auto is "
+                               "resolved when the config is built: bf16_backward on a CPU learner with native bf16 "
+                               "(AVX512_BF16 or AMX), else off.", choices=LEARNER_AUTOCASTS)
+    learner_gemm: str = _f("torch", "Library of the learner's fp32 CPU GEMMs (linear layers, forward and backward): "
+                           "torch, or onednn (faster on AMD CPUs with AVX-512; the same arithmetic summed in another "
+                           "order).", choices=LEARNER_GEMMS)
+    learner_attention: str = _f("auto", "The learner's causal self-attention, forward and backward: sdpa "
+                                "(transformers'), kernel (interq's fp32 CPU kernel, the same function to rounding), "
+                                "or auto, resolved when the config is built: kernel for a CPU learner on a non-Intel "
+                                "CPU with AVX-512 or AVX2 and FMA where interq's kernels load, else sdpa.",
+                                choices=LEARNER_ATTENTIONS)
+    progress: bool = _f(True, "Show a progress bar over the RL steps.")
+    tensorboard: bool = _f(False, "Also write the step records as TensorBoard events.")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    name: str = "run"
-    model: ModelConfig = field(default_factory=ModelConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    """One run: its name and the components."""
+
+    name: str = _f("run", "Name of the run; the default run directory is runs/<name>.")
+    model: ModelConfig = _section(ModelConfig, "The policy: a tiny model built from these fields, or a checkpoint.")
+    env: EnvConfig = _section(EnvConfig, "The environment, its task splits, and how the agent sees and answers it.")
+    warm_start: WarmStartConfig = _section(WarmStartConfig, "Supervised fine-tuning on expert demonstrations before "
+                                           "RL.")
+    rollout: RolloutConfig = _section(RolloutConfig, "The executor that plays the episodes, and its sampling.")
+    algo: AlgoConfig = _section(AlgoConfig, "The RL objective: mismatch correction, advantages, clipped loss.")
+    optim: OptimConfig = _section(OptimConfig, "The RL optimizer (AdamW).")
+    train: TrainConfig = _section(TrainConfig, "The RL loop: steps, batch, evaluation, checkpoints, learner kernels.")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -412,12 +569,11 @@ def resolve_learner_attention(value: str, device: str = "cpu") -> str:
     """``train.learner_attention=auto`` -> ``kernel`` for a CPU learner where interq's CPU kernels load (built
     once per machine, :mod:`interq.quant.kernels`; ``INTERQ_CPU_KERNELS=0`` turns them off) on a CPU with AVX-512, or
     with AVX2 and FMA, that is not an Intel one, ``sdpa`` elsewhere (CUDA, no C++ compiler, Intel CPUs, CPUs with
-    neither). The kernel's forward and backward were 2.2-2.6x torch's CPU flash kernel on AMD EPYCs with AVX-512
-    (Zen 5) at 300-1,760 tokens, but 0.71-0.79x on an Intel Xeon with AMX at 1,040-1,760 (docs/benchmarks.md,
-    seventeenth session): torch's flash kernel multiplies its blocks with MKL's fp32 GEMMs, fast on Intel and slow on
-    AMD (likely; not profiled). On an AVX2-only AMD EPYC (Zen 3) it is 1.14-1.28x torch's at 300-2,500 tokens with
-    the twenty-fourth session's AVX2 tiles (0.75-0.79x before them, when ``auto`` chose ``sdpa`` there; 1/20 before
-    the twenty-third session's fix of its AVX2 build). Other values pass through."""
+    neither). Measured (docs/benchmarks.md): the kernel's forward and backward are 2.2-2.6x torch's CPU flash kernel
+    on AMD EPYCs with AVX-512 (Zen 5) at 300-1,760 tokens and 1.14-1.28x on an AVX2-only AMD EPYC (Zen 3) at
+    300-2,500 tokens, but 0.71-0.79x on an Intel Xeon with AMX at 1,040-1,760 tokens: torch's flash kernel multiplies
+    its blocks with MKL's fp32 GEMMs, fast on Intel and slow on AMD (likely; not profiled). Other values pass
+    through."""
     if value != "auto":
         return value
     if not _learner_on_cpu(device):
@@ -489,69 +645,92 @@ def with_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     return cfg
 
 
+
+
 # ----------------------------------------------------------------------------------------------------
 # validation
 
 
-def _one_of(path: str, value: Any, allowed: tuple) -> None:
+def _leaf_fields(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
+    """(dotted name, field, type) of every leaf field, in definition order."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            out.extend(_leaf_fields(hints[f.name], f"{prefix}{f.name}."))
+        else:
+            out.append((f"{prefix}{f.name}", f, hints[f.name]))
+    return out
+
+
+_FIELD_META: dict[str, typing.Mapping[str, Any]] = {}
+
+
+def field_metadata(path: str) -> typing.Mapping[str, Any]:
+    """The metadata (``doc``, ``choices``, ``bounds``, ``allowed``) of the field ``path`` (``algo.budget``)."""
+    if not _FIELD_META:
+        _FIELD_META.update({name: f.metadata for name, f, _ in _leaf_fields()})
+    return _FIELD_META[path]
+
+
+def choices(path: str) -> tuple:
+    """The values the field ``path`` accepts (``choices("algo.correction")``); KeyError where it has no fixed set."""
+    return field_metadata(path)["choices"]
+
+
+def _one_of(path: str, value: Any) -> None:
+    allowed = choices(path)
     if value not in allowed:
         raise ConfigError(f"{path}={value!r} is not accepted; choose one of {list(allowed)}")
 
 
-def _positive(path: str, value: float, allow_zero: bool = False, allow_inf: bool = False) -> None:
-    """``value`` > 0 (or >= 0), not NaN, and finite unless ``allow_inf`` (a cap or budget where inf means "none")."""
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or (isinstance(value, float) and math.isnan(value)):
-        raise ConfigError(f"{path}={value!r} is not accepted; it must be {'>= 0' if allow_zero else '> 0'}")
-    if not allow_inf and isinstance(value, float) and math.isinf(value):
-        raise ConfigError(f"{path}={value!r} is not accepted; it must be a finite number")
+def _bounded(path: str, value: Any) -> None:
+    field_metadata(path)["bounds"].check(path, value)
 
 
-def _in_range(path: str, value: float, lo: float, hi: float) -> None:
-    if not (lo <= value <= hi):
-        raise ConfigError(f"{path}={value!r} is not accepted; it must be in [{lo}, {hi}]")
+def _positive(path: str, value: float, allow_zero: bool = False) -> None:
+    """``value`` > 0 (or >= 0), not NaN, finite (a rule that depends on another field)."""
+    (NON_NEGATIVE if allow_zero else POSITIVE).check(path, value)
 
 
 def validate(cfg: RunConfig) -> None:
-    """Raise ConfigError on the first invalid field (before any work starts)."""
+    """Raise ConfigError on the first invalid field (before any work starts). The allowed values are each field's
+    metadata (``choices``, ``bounds``); the rules that join several fields are written out here."""
     m = cfg.model
     if m.source == "tiny":
-        _one_of("model.arch", m.arch, ARCHS)
+        _one_of("model.arch", m.arch)
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "intermediate_size", "max_position_embeddings"):
-            _positive(f"model.{name}", getattr(m, name))
-        if m.vocab_size < 300:
-            raise ConfigError(f"model.vocab_size={m.vocab_size} is not accepted; it must be >= 300 "
-                              "(the byte-level alphabet takes 256 entries before any merge)")
+            _bounded(f"model.{name}", getattr(m, name))
         if m.num_heads % m.num_kv_heads:
             raise ConfigError(f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads}")
         if m.arch == "qwen3_moe":
-            _positive("model.num_experts", m.num_experts)
-            _positive("model.moe_intermediate_size", m.moe_intermediate_size)
+            _bounded("model.num_experts", m.num_experts)
+            _bounded("model.moe_intermediate_size", m.moe_intermediate_size)
             if not 1 <= m.num_experts_per_tok <= m.num_experts:
                 raise ConfigError(f"model.num_experts_per_tok={m.num_experts_per_tok} must be in [1, model.num_experts={m.num_experts}]")
     elif m.source != "smollm2" and not Path(m.source).is_dir():
         raise ConfigError(f"model.source={m.source!r} is not accepted; use 'tiny', 'smollm2' or an existing checkpoint directory")
-    _one_of("model.dtype", m.dtype, DTYPES)
+    _one_of("model.dtype", m.dtype)
 
     e = cfg.env
     if not e.name:
         raise ConfigError("env.name must not be empty (e.g. household)")
-    _positive("env.num_train_tasks", e.num_train_tasks, allow_zero=True)
-    _positive("env.num_eval_tasks", e.num_eval_tasks, allow_zero=True)
-    _positive("env.max_turns", e.max_turns)
-    _one_of("env.action_format", e.action_format, ACTION_FORMATS)
+    _bounded("env.num_train_tasks", e.num_train_tasks)
+    _bounded("env.num_eval_tasks", e.num_eval_tasks)
+    _bounded("env.max_turns", e.max_turns)
+    _one_of("env.action_format", e.action_format)
     if e.action_format == "index" and not e.show_admissible:
         raise ConfigError("env.action_format='index' needs env.show_admissible=true (the agent picks from the listed actions)")
-    _one_of("env.prompt", e.prompt, PROMPTS)
+    _one_of("env.prompt", e.prompt)
     if e.prompt == "verl_agent" and e.action_format == "index":
         raise ConfigError("env.prompt='verl_agent' needs env.action_format='text' (its answer is the action text in "
                           "<action> tags); use env.prompt='compact' for index answers")
-    _positive("env.invalid_action_penalty", e.invalid_action_penalty, allow_zero=True)
+    _bounded("env.invalid_action_penalty", e.invalid_action_penalty)
     if isinstance(e.num_workers, bool) or not isinstance(e.num_workers, int) or e.num_workers < 0:
         raise ConfigError(f"env.num_workers={e.num_workers!r} is not accepted; it must be an integer >= 0 "
                           "(0: in-process, N: an EnvPool of N worker processes)")
-    _positive("env.step_timeout_s", e.step_timeout_s)
+    _bounded("env.step_timeout_s", e.step_timeout_s)
     if not isinstance(e.overlap, bool):
         raise ConfigError(f"env.overlap={e.overlap!r} is not accepted; it must be true or false")
     if e.overlap and e.num_workers < 2:
@@ -560,79 +739,72 @@ def validate(cfg: RunConfig) -> None:
 
     w = cfg.warm_start
     _positive("warm_start.num_demos", w.num_demos, allow_zero=not w.enabled)
-    _in_range("warm_start.noise", w.noise, 0.0, 1.0)
-    _positive("warm_start.steps", w.steps, allow_zero=True)
-    _positive("warm_start.lr", w.lr)
-    _positive("warm_start.observation_weight", w.observation_weight, allow_zero=True)
-    _positive("warm_start.episodes_per_microbatch", w.episodes_per_microbatch)
+    _bounded("warm_start.noise", w.noise)
+    _bounded("warm_start.steps", w.steps)
+    _bounded("warm_start.lr", w.lr)
+    _bounded("warm_start.observation_weight", w.observation_weight)
+    _bounded("warm_start.episodes_per_microbatch", w.episodes_per_microbatch)
 
     r = cfg.rollout
-    _one_of("rollout.executor", r.executor, EXECUTORS)
-    _one_of("rollout.attention", r.attention, ATTENTIONS)
-    _one_of("rollout.executor_dtype", r.executor_dtype, DTYPES)
-    _one_of("rollout.weight_format", r.weight_format, ("int8", "fp8_e4m3"))
-    _one_of("rollout.kv_format", r.kv_format, ("none", "int8_per_token_head", "fp8_per_token_head", "fp8_tensor"))
+    _one_of("rollout.executor", r.executor)
+    _one_of("rollout.attention", r.attention)
+    _one_of("rollout.executor_dtype", r.executor_dtype)
+    _one_of("rollout.weight_format", r.weight_format)
+    _one_of("rollout.kv_format", r.kv_format)
     for name, needs, fmt in (("w_bits", "weight_format", "int8"), ("a_bits", "weight_format", "int8"),
                              ("kv_bits", "kv_format", "int8_per_token_head")):
         bits = getattr(r, name)
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 4 <= bits <= 8:
-            raise ConfigError(f"rollout.{name}={bits!r} is not accepted; it must be an integer in [4, 8]")
+        bounds = field_metadata(f"rollout.{name}")["bounds"]
+        if isinstance(bits, bool) or not isinstance(bits, int) or not bounds.low <= bits <= bounds.high:
+            raise ConfigError(f"rollout.{name}={bits!r} is not accepted; it must be an integer {bounds.text()}")
         if bits != 8 and r.executor != "w8a8":
             raise ConfigError(f"rollout.{name}={bits} needs rollout.executor='w8a8' (got {r.executor!r}); "
                               f"with another executor it must be 8")
         if bits != 8 and getattr(r, needs) != fmt:
             raise ConfigError(f"rollout.{name}={bits} needs rollout.{needs}={fmt!r} (got {getattr(r, needs)!r}); "
                               f"an fp8 or unquantized format has no integer width, it must be 8")
-    _positive("rollout.temperature", r.temperature)
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={r.top_p!r} is not accepted; it must be in (0, 1]")
-    _positive("rollout.max_action_tokens", r.max_action_tokens)
+    _bounded("rollout.temperature", r.temperature)
+    _bounded("rollout.top_p", r.top_p)
+    _bounded("rollout.max_action_tokens", r.max_action_tokens)
     _positive("rollout.max_context_tokens", r.max_context_tokens)
-    _positive("rollout.history_turns", r.history_turns, allow_zero=True)
+    _bounded("rollout.history_turns", r.history_turns)
     if r.max_context_tokens <= r.max_action_tokens:
         raise ConfigError(f"rollout.max_context_tokens={r.max_context_tokens} must exceed rollout.max_action_tokens={r.max_action_tokens}")
 
     a = cfg.algo
-    _one_of("algo.correction", a.correction, CORRECTIONS)
-    _one_of("algo.layout", a.layout, LAYOUTS)
-    _one_of("algo.advantage", a.advantage, ADVANTAGES)
-    _one_of("algo.loss_agg", a.loss_agg, LOSS_AGGS)
-    _positive("algo.budget", a.budget, allow_zero=True, allow_inf=True)  # inf: no bound (raw prefix)
-    _positive("algo.tis_cap", a.tis_cap, allow_inf=True)
-    _positive("algo.prefix_cap", a.prefix_cap, allow_inf=True)
-    _in_range("algo.gigpo_gamma", a.gigpo_gamma, 0.0, 1.0)
-    _positive("algo.gigpo_omega", a.gigpo_omega, allow_zero=True)
+    _one_of("algo.correction", a.correction)
+    _one_of("algo.layout", a.layout)
+    _one_of("algo.advantage", a.advantage)
+    _one_of("algo.loss_agg", a.loss_agg)
+    _bounded("algo.budget", a.budget)
+    _bounded("algo.tis_cap", a.tis_cap)
+    _bounded("algo.prefix_cap", a.prefix_cap)
+    _bounded("algo.gigpo_gamma", a.gigpo_gamma)
+    _bounded("algo.gigpo_omega", a.gigpo_omega)
     for lo, hi in (("icepop_low", "icepop_high"), ("geo_low", "geo_high")):
         if not 0 < getattr(a, lo) <= getattr(a, hi):
             raise ConfigError(f"algo.{lo}={getattr(a, lo)} and algo.{hi}={getattr(a, hi)}: need 0 < low <= high")
-    _in_range("algo.clip_eps_low", a.clip_eps_low, 0.0, 1.0)
-    _positive("algo.clip_eps_high", a.clip_eps_high, allow_zero=True, allow_inf=True)
-    _positive("algo.ppo_epochs", a.ppo_epochs)
+    _bounded("algo.clip_eps_low", a.clip_eps_low)
+    _bounded("algo.clip_eps_high", a.clip_eps_high)
+    _bounded("algo.ppo_epochs", a.ppo_epochs)
     _positive("algo.minibatches_per_step", a.minibatches_per_step)
     if a.align and r.executor != "w8a8":
         raise ConfigError(f"algo.align=true needs rollout.executor='w8a8' (got {r.executor!r}): alignment quantizes the learner like the executor")
 
     o = cfg.optim
-    _positive("optim.lr", o.lr)
-    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
-    _in_range("optim.beta1", o.beta1, 0.0, 0.999999)
-    _in_range("optim.beta2", o.beta2, 0.0, 0.999999)
-    _positive("optim.grad_clip", o.grad_clip, allow_zero=True)  # 0: no clipping
-    _positive("optim.max_nonfinite_steps", o.max_nonfinite_steps)
+    for name in ("lr", "weight_decay", "beta1", "beta2", "grad_clip", "max_nonfinite_steps"):
+        _bounded(f"optim.{name}", getattr(o, name))
 
     t = cfg.train
-    _positive("train.steps", t.steps, allow_zero=True)
-    _positive("train.tasks_per_step", t.tasks_per_step)
-    _positive("train.episodes_per_task", t.episodes_per_task)
+    _bounded("train.steps", t.steps)
+    _bounded("train.tasks_per_step", t.tasks_per_step)
+    _bounded("train.episodes_per_task", t.episodes_per_task)
     if a.advantage in ("grpo", "gigpo") and t.episodes_per_task < 2:
         raise ConfigError(f"train.episodes_per_task={t.episodes_per_task} is not accepted with algo.advantage={a.advantage!r}: a group needs >= 2 episodes")
-    _positive("train.tokens_per_microbatch", t.tokens_per_microbatch)
-    _positive("train.eval_every_steps", t.eval_every_steps, allow_zero=True)
-    _positive("train.eval_episodes_per_task", t.eval_episodes_per_task)
-    _positive("train.eval_temperature", t.eval_temperature, allow_zero=True)  # 0: greedy
-    _positive("train.checkpoint_every_steps", t.checkpoint_every_steps, allow_zero=True)
-    _positive("train.threads", t.threads, allow_zero=True)
-    _one_of("train.device", t.device, ("cpu", "cuda", "auto"))
+    for name in ("tokens_per_microbatch", "eval_every_steps", "eval_episodes_per_task", "eval_temperature",
+                 "checkpoint_every_steps", "threads"):
+        _bounded(f"train.{name}", getattr(t, name))
+    _one_of("train.device", t.device)
     if t.device == "cuda":
         import torch
 
@@ -641,17 +813,17 @@ def validate(cfg: RunConfig) -> None:
                               "choose one of ['cpu', 'auto']")
     if not isinstance(t.gradient_checkpointing, bool):
         raise ConfigError(f"train.gradient_checkpointing={t.gradient_checkpointing!r} is not accepted; it must be true or false")
-    _one_of("train.learner_autocast", t.learner_autocast, LEARNER_AUTOCASTS)
+    _one_of("train.learner_autocast", t.learner_autocast)
     if t.learner_autocast == "bf16" and a.align:
         raise ConfigError("train.learner_autocast='bf16' is not accepted with algo.align=true: bf16 upstream of the "
                           "aligned learner's activation quantization re-rounds its codes (SmolLM2: gradient cosine 0.78 "
                           "to fp32, docs/benchmarks.md); choose train.learner_autocast='off' or 'bf16_backward'")
-    _one_of("train.learner_gemm", t.learner_gemm, LEARNER_GEMMS)
+    _one_of("train.learner_gemm", t.learner_gemm)
     if t.learner_gemm == "onednn" and t.learner_autocast == "bf16":
         raise ConfigError("train.learner_gemm='onednn' is not accepted with train.learner_autocast='bf16' (autocast "
                           "runs the forward's GEMMs in bf16, torch's oneDNN ones already); choose train.learner_gemm="
                           "'torch', or train.learner_autocast='off' or 'bf16_backward'")
-    _one_of("train.learner_attention", t.learner_attention, LEARNER_ATTENTIONS)
+    _one_of("train.learner_attention", t.learner_attention)
     if t.learner_attention == "kernel" and t.device == "cuda":
         raise ConfigError("train.learner_attention='kernel' is for the CPU; with train.device='cuda' choose "
                           "train.learner_attention='sdpa' or 'auto'")
@@ -664,25 +836,201 @@ def validate(cfg: RunConfig) -> None:
                           f"(train.tasks_per_step x train.episodes_per_task = {episodes})")
 
 
+# ----------------------------------------------------------------------------------------------------
+# reference: --help-config and docs/configuration.md
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
 def describe(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any]]:
-    """(dotted name, type, default) of every field: the text of ``interq train --help-config``."""
-    out = []
+    """(dotted name, type, default) of every field."""
+    return [(r["name"], r["type"], r["default"]) for r in field_reference(cls, prefix)]
+
+
+def _allowed(meta: typing.Mapping[str, Any], tp: Any) -> str:
+    if "choices" in meta:
+        return ", ".join(str(c) for c in meta["choices"])
+    if "bounds" in meta:
+        return meta["bounds"].text()
+    if "allowed" in meta:
+        return meta["allowed"]
+    return "true, false" if tp is bool else ""
+
+
+def field_reference(cls: type = RunConfig, prefix: str = "") -> list[dict]:
+    """One record per field: ``name`` (dotted), ``section``, ``type``, ``default``, ``allowed`` (in words) and
+    ``doc``, from the fields' metadata; the source of ``--help-config`` and of :func:`reference_markdown`."""
     default = cls()
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        name = f"{prefix}{f.name}"
-        val = getattr(default, f.name)
-        if is_dataclass(val):
-            out.extend(describe(type(val), name + "."))
-        else:
-            tp = hints[f.name]
-            out.append((name, getattr(tp, "__name__", str(tp)), val))
+    out = []
+    for name, f, tp in _leaf_fields(cls, prefix):
+        value = default
+        for part in name[len(prefix):].split("."):
+            value = getattr(value, part)
+        out.append({"name": name, "section": name.split(".")[0] if "." in name else "run", "type": _type_name(tp),
+                    "default": value, "allowed": _allowed(f.metadata, tp), "doc": f.metadata.get("doc", "")})
     return out
 
 
+def sections() -> list[str]:
+    """The sections ``--help-config`` accepts: ``run`` (the top-level fields) and each component, in order."""
+    return list(dict.fromkeys(r["section"] for r in field_reference()))
+
+
+def _records(section: str | None) -> list[dict]:
+    recs = field_reference()
+    if not section:
+        return recs
+    names = sections()
+    if section in names:
+        return [r for r in recs if r["section"] == section]
+    picked = [r for r in recs if r["name"] == section]
+    if picked:
+        return picked
+    raise ConfigError(f"--help-config {section!r}: unknown section; accepted: {', '.join(names)} (or a field name "
+                      "such as algo.budget)")
+
+
+def _section_docs() -> dict[str, str]:
+    """Each section's one-line doc (``run``: the run itself)."""
+    return {"run": "Top-level fields of the run.", **{f.name: f.metadata["doc"] for f in fields(RunConfig) if f.name != "name"}}
+
+
+def config_help(section: str | None = None, preset: str | None = None) -> str:
+    """The text of ``interq <command> --help-config [SECTION]``: every field (or ``section``'s, or one field by its
+    dotted name) with its type, default, allowed values and doc. :class:`ConfigError` for an unknown section."""
+    recs = _records(section)
+    head = ("Config fields: override any with key.sub=value after the command's options, e.g. algo.budget=0.25. "
+            "Defaults are the built-in ones" + (f"; the {preset} preset (the default preset) sets some of them, shown "
+                                                 "as 'preset'." if preset else "."))
+    values = _preset_values(preset) if preset else {}
+    lines = [head]
+    docs = _section_docs()
+    current = None
+    for r in recs:
+        if r["section"] != current:
+            current = r["section"]
+            lines += ["", f"[{current}] {docs.get(current, '')}"]
+        extra = f"; preset {values[r['name']]!r}" if r["name"] in values and values[r["name"]] != r["default"] else ""
+        allowed = f"; allowed: {r['allowed']}" if r["allowed"] else ""
+        lines.append(f"  {r['name']} ({r['type']}, default {r['default']!r}{extra}{allowed})")
+        lines.append(textwrap.fill(r["doc"], width=100, initial_indent=" " * 6, subsequent_indent=" " * 6))
+    return "\n".join(lines)
+
+
+def _preset_values(preset: str) -> dict[str, Any]:
+    """The dotted fields a preset sets (before ``auto`` values are resolved); empty where it does not load."""
+    try:
+        data = load_preset(preset)
+    except ConfigError:
+        return {}
+    out: dict[str, Any] = {}
+
+    def walk(d: dict, prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict) and k != "env_kwargs":
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+    walk(data, "")
+    return out
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("<", "&lt;").replace("\n", " ")
+
+
+def _md_value(value: Any) -> str:
+    if isinstance(value, str):
+        return f"`{value}`" if value else '`""`'
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, dict):
+        return "`{}`" if not value else f"`{value}`"
+    return f"`{value!r}`"
+
+
+def reference_markdown() -> str:
+    """The field reference of docs/configuration.md (between ``<!-- fields:start -->`` and ``<!-- fields:end -->``):
+    one table per section, every field with its type, default, allowed values and doc."""
+    docs = _section_docs()
+    out = ["Generated from the field metadata in `src/interq/train/config.py` by "
+           f"`{REGENERATE_COMMAND}`; do not edit by hand. Defaults are the built-in ones; a preset overrides "
+           "some (`interq <command> --help-config` shows the default preset's values)."]
+    by_section: dict[str, list[dict]] = {}
+    for r in field_reference():
+        by_section.setdefault(r["section"], []).append(r)
+    for section, recs in by_section.items():
+        out += ["", f"### `{section}`", "", docs.get(section, ""), "",
+                "| field | type | default | allowed | description |", "|---|---|---|---|---|"]
+        out += [f"| `{r['name']}` | {r['type']} | {_md_value(r['default'])} | {_md(r['allowed'])} | {_md(r['doc'])} |"
+                for r in recs]
+    return "\n".join(out) + "\n"
+
+
+REGENERATE_COMMAND = "python -m interq.train.config --write-reference docs/configuration.md"
+REFERENCE_START, REFERENCE_END = "<!-- fields:start -->", "<!-- fields:end -->"
+
+
+def with_reference(text: str | None) -> str:
+    """``text`` (a docs/configuration.md, or None for none yet) with its field reference replaced by
+    :func:`reference_markdown`; only what lies between the markers changes. A page without the markers gets them
+    at its end; no page becomes a ``# Configuration`` page holding the reference."""
+    block = f"{REFERENCE_START}\n{reference_markdown()}{REFERENCE_END}"
+    if text is None:
+        return f"# Configuration\n\n## Field reference\n\n{block}\n"
+    start, end = text.find(REFERENCE_START), text.find(REFERENCE_END)
+    if start < 0 or end < start:
+        return text.rstrip("\n") + f"\n\n## Field reference\n\n{block}\n"
+    return text[:start] + block + text[end + len(REFERENCE_END):]
+
+
+def write_reference(path: str | Path) -> bool:
+    """Rewrite the field reference of the page at ``path`` (created if missing); True when the file changed."""
+    path = Path(path)
+    old = path.read_text() if path.is_file() else None
+    new = with_reference(old)
+    if new != old:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(new)
+    return new != old
+
+
 __all__ = [
-    "ARMS", "AlgoConfig", "ConfigError", "NonFiniteTrainingError", "EnvConfig", "ModelConfig", "OptimConfig", "RolloutConfig",
-    "RunConfig", "TrainConfig", "WarmStartConfig", "build_config", "describe", "env_preset_for", "from_dict",
-    "load_config", "load_preset", "parse_overrides", "preset_names", "replace", "resolve_auto", "resolve_learner_attention", "resolve_learner_autocast", "save_config", "to_dict", "validate",
-    "with_overrides",
+    "ARMS", "AlgoConfig", "Bounds", "ConfigError", "DEFAULT_PRESET", "NonFiniteTrainingError", "EnvConfig",
+    "ModelConfig", "OptimConfig", "RolloutConfig", "RunConfig", "TrainConfig", "WarmStartConfig", "build_config",
+    "choices", "config_help", "describe", "env_preset_for", "field_metadata", "field_reference", "from_dict",
+    "load_config", "load_preset", "parse_overrides", "preset_names", "reference_markdown", "replace", "resolve_auto",
+    "resolve_learner_attention", "resolve_learner_autocast", "save_config", "sections", "to_dict", "validate",
+    "with_overrides", "with_reference", "write_reference",
 ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m interq.train.config --write-reference PATH`` rewrites PATH's field reference; ``--check PATH``
+    exits 1 when it is not current."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m interq.train.config",
+                                description="print the config field reference (markdown), or keep a page's current")
+    p.add_argument("--write-reference", metavar="PATH", help="rewrite the field reference between the markers of PATH")
+    p.add_argument("--check", metavar="PATH", help="exit 1 when PATH's field reference is not current")
+    args = p.parse_args(argv)
+    if args.write_reference:
+        changed = write_reference(args.write_reference)
+        print(f"{args.write_reference}: field reference {'rewritten' if changed else 'already current'}")
+    elif args.check:
+        path = Path(args.check)
+        text = path.read_text() if path.is_file() else None
+        if text is None or with_reference(text) != text:
+            print(f"{path}: the field reference is not current; run {REGENERATE_COMMAND}", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(reference_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
