@@ -605,6 +605,9 @@ def _common_args(p: argparse.ArgumentParser, out: str) -> None:
     p.add_argument("--threshold", type=float, default=0.5, help="held-out success threshold for 'steps to threshold'")
     p.add_argument("--fresh", action="store_true", help="move a warm start or run directory under --out that was made "
                    "from other inputs aside to <dir>.stale-<time> and run it again (default: stop and name them)")
+    from interq.train.cli_args import add_config_arguments
+
+    add_config_arguments(p, preset=False)  # --help-config [SECTION], --force; the arms stand for a preset here
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides applied to every arm (after the built-in ones)")
 
 
@@ -616,6 +619,10 @@ def demo_main(argv: list[str]) -> int:
     p.add_argument("--regime", default="natural", choices=sorted(REGIMES), help="executor regime of the quantized arm: "
                    "natural (W8A8-KV8, default) or matched (W4A4-KV4, the study's realistic-mismatch regime)")
     args = p.parse_args(argv)
+    if args.help_config is not None:
+        from interq.train.cli_args import print_config_help
+
+        return print_config_help(args.help_config)
     t0 = time.perf_counter()
     out = Path(args.out)
     overrides = [*DEMO_OVERRIDES, *args.overrides]
@@ -680,6 +687,10 @@ def compare_main(argv: list[str]) -> int:
                    "(the study's first setting: the action's number), none")
     p.add_argument("--no-demo-defaults", action="store_true", help="same as --setting none")
     args = p.parse_args(argv)
+    if args.help_config is not None:
+        from interq.train.cli_args import print_config_help
+
+        return print_config_help(args.help_config)
     t0 = time.perf_counter()
     arms = _csv(args.arms)
     arms += [a for a in (f"q-{m}" for m in _csv(args.methods)) if a not in arms]
