@@ -1,4 +1,4 @@
-"""Rollout engine benchmark (issue 4): multi-turn with a persistent KV cache vs ``model.generate`` re-reading the
+"""Rollout engine benchmark: multi-turn with a persistent KV cache vs ``model.generate`` re-reading the
 history; single-turn decode tokens/s at batch 1 and 16 vs ``generate``; the int8 W8A8-KV8 executor vs bf16.
 
 Runs standalone: ``.venv/bin/python benchmarks/bench_engine.py [--threads 2] [--quick]``. Models: SmolLM2-135M-Instruct
@@ -14,7 +14,7 @@ loop built on ``generate`` does); the engine prefills only the new observation t
 The bf16 engine runs what the trainer's bf16 arm runs, ``make_executor(model, BF16_EXECUTOR)``: the model with its
 bf16 linears packed once for oneDNN where the CPU's bf16 GEMMs are oneDNN's (:mod:`interq.quant.packed_linear`; the
 same bits). ``--engine-model model`` gives the engine the plain model instead (what ``generate`` runs: the engine's
-cache alone against ``generate``; before the sixteenth session the engine always ran the plain model).
+cache alone against ``generate``; before 2026-12-03 the engine always ran the plain model).
 
 Every measurement runs ``--rounds`` times (default 3) with the arms interleaved and their order rotated each round;
 tokens/s and seconds are medians, ratios the median of the per-round ratios (the figures of one single run moved by

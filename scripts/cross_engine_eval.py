@@ -1,4 +1,4 @@
-"""One policy judged on two engines (issue 14 item 4): a household policy on the same held-out task instances in the
+"""One policy judged on two engines: a household policy on the same held-out task instances in the
 built-in ``household`` engine and in the real ALFWorld engine, with the same sampling seeds.
 
     .venv/bin/python scripts/cross_engine_eval.py POLICY_DIR [--tasks N] [--temperature T] [--json FILE] [key=value ...]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 12 item 6). Not part of CI or `make test`: run it on a machine with a CUDA GPU.
+# GPU check: the CUDA tests, benchmarks and a short RL run per quantized arm. Not part of CI or `make test`: run it on a machine with a CUDA GPU.
 #
 #   scripts/gpu_check.sh            # everything lands in $OUT if set, else runs/gpu
 #

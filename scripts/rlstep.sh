@@ -8,7 +8,7 @@
 # Writes OUT_DIR/rlstep_TAG.log (the run's output and /usr/bin/time's), .metrics.jsonl and .config.yaml, appends
 # start and end lines to OUT_DIR/block.log, and prints one summary line: process CPU s (user + system), the step's
 # rollout and learner seconds, the mismatch and the peak RSS. --ref runs COMMIT's interq from a worktree at
-# /tmp/rlstep-COMMIT (made when missing; 55992e6 is the commit before issue 12). PRESET=bf16 (or another preset) runs
+# /tmp/rlstep-COMMIT (made when missing; 55992e6 is the baseline of the RL-step target in docs/performance.md). PRESET=bf16 (or another preset) runs
 # that arm instead of q-interq.
 set -u
 cd "$(dirname "$0")/.."
