@@ -1,5 +1,5 @@
-"""Decode attention of a grouped-query model on CPU: transformers' two sdpa paths side by side (docs/benchmarks.md,
-"Decode attention").
+"""Decode attention of a grouped-query model on CPU: transformers' two sdpa paths side by side (docs/performance.md,
+"Rollout").
 
 For one query token per row, transformers' ``sdpa`` attention either drops the mask (no row padded) and calls torch's
 SDPA with ``enable_gqa=True`` on [B, H, 1, D], or keeps it (some row padded) and packs the G query heads of each KV

@@ -1,4 +1,4 @@
-"""Benchmark of the corrections (interq-spec.md §3-§5): tis, prefix_is, interq side by side.
+"""Benchmark of the corrections (docs/algorithm.md): tis, prefix_is, interq side by side.
 
 Batch: 256 trajectories x 4,096 tokens x 30 turns (concatenated layout, about 60% of each turn's tokens
 are action tokens), then the same at 2x tokens (8,192 per row, same 30 turns), then the 1x batch in the

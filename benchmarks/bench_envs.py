@@ -17,7 +17,7 @@ Measured in one run on this machine:
   one pass over the episodes, a pool of N workers plays N passes, since each worker gets 1/N of a pass; 0: one
   untimed reset per environment only): a pool is long-lived in training, and a fresh engine is slower than a warm
   one (ScienceWorld's JVM compiles its hot code during the first episodes: 0.98 -> 1.52 episodes/s from the first
-  to the second pass of one worker, docs/benchmarks.md); its start-up is reported apart as ``*_pool_start_s``. Then
+  to the second pass of one worker); its start-up is reported apart as ``*_pool_start_s``. Then
   the timer covers every reset and step of one more pass. A pool steps its slots in lockstep and resets
   them as a batch (``reset_batch``), so episodes run in waves of N. ``*_pool_speedup`` = the best worker count's
   episodes/s over in-process's; ``*_pool_same_outcomes``: every configuration played every episode the same

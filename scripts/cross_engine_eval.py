@@ -23,7 +23,7 @@ built-in ``household`` engine and in the real ALFWorld engine, with the same sam
 
 Why the episodes can agree one by one: the policy's input at each turn is rendered from the task text and the
 observations (text and admissible actions, in order), and its sampling is seeded per episode and turn. The fidelity
-check (docs/envs.md) found the two engines print the same text and list the same admissible actions along the
+check (docs/environments.md) found the two engines print the same text and list the same admissible actions along the
 expert's plan and off it; where they also list them in the same order, every episode is the same token for token,
 and the outcomes agree exactly. A disagreement therefore points at an engine difference, and the report names the
 first one (task, turn, what each engine showed).
