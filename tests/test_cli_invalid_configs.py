@@ -1,4 +1,4 @@
-"""Fault test (issue 13): invalid configurations through the real CLI, every config section and every command.
+"""Invalid configurations through the real CLI, every config section and every command that takes overrides.
 
 Each must exit with status 2 before any work: exactly one line on stderr, ``interq: ...``, naming the field, no
 traceback, and nothing written under ``--out``.
@@ -50,7 +50,7 @@ CASES = [
     ("train", ["--preset", "q-interq", "rollout.w_bits=3"], "rollout.w_bits"),
     ("train", ["--preset", "q-interq", "rollout.a_bits=9"], "rollout.a_bits"),
     ("train", ["--preset", "q-interq", "rollout.kv_bits=2"], "rollout.kv_bits"),
-    ("train", ["rollout.w_bits=4"], "rollout.w_bits"),  # bf16 executor has no integer width
+    ("train", ["--preset", "bf16", "rollout.w_bits=4"], "rollout.w_bits"),  # bf16 executor has no integer width
     ("train", ["--preset", "q-interq", "rollout.kv_format=fp8_tensor", "rollout.kv_bits=4"], "rollout.kv_bits"),
     ("train", ["rollout.temperature=inf"], "rollout.temperature"),
     ("train", ["rollout.top_p=0"], "rollout.top_p"),
@@ -59,7 +59,7 @@ CASES = [
     ("train", ["algo.correction=magic"], "algo.correction"),
     ("train", ["algo.layout=diagonal"], "algo.layout"),
     ("train", ["algo.gigpo_omega=inf"], "algo.gigpo_omega"),
-    ("train", ["algo.align=true"], "algo.align"),
+    ("train", ["--preset", "bf16", "algo.align=true"], "algo.align"),
     ("compare", ["algo.icepop_low=3"], "algo.icepop_low"),
     # optim
     ("train", ["optim.lr=inf"], "optim.lr"),
@@ -74,6 +74,9 @@ CASES = [
     # presets and override syntax
     ("train", ["--preset", "nope"], "preset"),
     ("mismatch", ["--preset", "nope"], "preset"),
+    ("eval", ["--preset", "nope", "--policy", "smollm2"], "preset"),
+    ("eval", ["--policy", "smollm2", "env.task_types=flying_saucer"], "env.task_types"),
+    ("eval", ["--policy", "smollm2", "rollout.top_p=0"], "rollout.top_p"),
     ("train", ["--preset", "@bad_yaml"], "preset"),
     ("train", ["--preset", "@list_yaml"], "preset"),
     ("train", ["--preset", "@cycle_yaml"], "preset"),
@@ -116,7 +119,7 @@ def test_fifty_distinct_cases_cover_every_section_and_command():
     for section in ("model.", "env.", "warm_start.", "rollout.", "algo.", "optim.", "train.", "preset",
                     "rollout.w_bits", "rollout.a_bits", "rollout.kv_bits"):
         assert section in text, section
-    assert {c for c, _, _ in CASES} == {"train", "sft", "demo", "compare", "mismatch"}
+    assert {c for c, _, _ in CASES} == {"train", "sft", "eval", "demo", "compare", "mismatch"}
 
 
 @pytest.mark.parametrize("command, args, field", CASES, ids=[f"{c}:{' '.join(a)}" for c, a, _ in CASES])

@@ -2,8 +2,8 @@
 
 Layout (imports flow downwards only; ``interq.algo`` imports nothing else from interq):
 
-- ``interq.algo``         pure tensor math: corrections, advantages, loss, metrics (interq-spec.md)
-- ``interq.quant``        the W8A8-KV8 executor numerics, weight sync, aligned learner forward (quant-spec.md)
+- ``interq.algo``         pure tensor math: corrections, advantages, loss, metrics
+- ``interq.quant``        the W8A8-KV8 executor numerics, weight sync, aligned learner forward
 - ``interq.rollout``      the multi-turn rollout engine (KV cache kept across turns, exact behavior log-probs)
 - ``interq.envs``         environments (built-in household, ALFWorld, ScienceWorld, WebShop) and the worker pool
 - ``interq.agent``        the agent loop joining engine and environments into trajectories
@@ -11,4 +11,9 @@ Layout (imports flow downwards only; ``interq.algo`` imports nothing else from i
 - ``interq.integrations`` verl plugin
 """
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("interq")  # the version in pyproject.toml, as installed
+except _metadata.PackageNotFoundError:  # run from a source tree that is not installed
+    __version__ = "0+unknown"

@@ -1,47 +1,33 @@
-"""The ``interq`` command line.  ``interq --help`` lists the sub-commands; ``interq <command> --help`` its options.
+"""The ``interq`` command line: ``interq <command> [options] [key.sub=value ...]``.
 
-Configuration: ``--preset NAME`` (one of the YAML presets in ``src/interq/presets``: the five arms ``bf16``,
-``q-naive``, ``q-tis``, ``q-align``, ``q-interq``, or an environment's: ``household``, ``alfworld``, ``scienceworld``,
-``synthshop``; an arm with ``env.name=<env>`` builds on that environment's preset) then any number of
-``key.sub=value`` overrides, e.g. ``interq train --preset q-interq train.steps=50 algo.budget=0.25``.
-``interq train --help-config`` lists every field with its default. Invalid values are rejected before any work
-starts.
+Each command is one small function below (``_cmd_<name>``, taking the arguments after the command's name);
+:data:`COMMANDS` lists them with their one-sentence description, which ``interq --help`` shows one per line.
+:func:`main` dispatches, and turns the errors a user can fix (:class:`~interq.train.config.ConfigError`, a stale
+result, training stopped by non-finite values) into one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
-
-def _cmd_selfcheck(argv: list[str]) -> int:
-    from interq.selfcheck import main as selfcheck_main
-
-    return selfcheck_main(argv)
-
+from interq.train.cli_args import add_config_arguments, print_config_help
 
 _FRESH_HELP = ("move a warm start or run in --out that was made from other inputs aside to <dir>.stale-<time> and "
                "start it again (default: stop and name every differing field)")
 
 
-def _config_parser(prog: str, help_: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"interq {prog}", description=help_)
-    p.add_argument("--preset", default="bf16", help="preset name or YAML path (default: bf16)")
+def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"interq {prog}", description=description)
+    add_config_arguments(p)
     p.add_argument("--out", default=None, help="run directory (default: runs/<name>)")
-    p.add_argument("--help-config", action="store_true", help="list every config field and its default, then exit")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.steps=10")
     return p
 
 
-def _help_config() -> int:
-    from interq.train.config import describe
-
-    for name, tp, default in describe():
-        print(f"{name:40s} {tp:6s} {default!r}")
-    return 0
-
-
 def _load(args) -> "object":
+    """The validated config of ``--preset`` and the overrides, its environment checked; exit 2 with one line if not."""
     from interq.train.build import check_env
     from interq.train.config import ConfigError, build_config
 
@@ -54,6 +40,15 @@ def _load(args) -> "object":
         raise SystemExit(2) from None
 
 
+# ---------------------------------------------------------------------------------------------- commands
+
+
+def _cmd_selfcheck(argv: list[str]) -> int:
+    from interq.selfcheck import main as selfcheck_main
+
+    return selfcheck_main(argv)
+
+
 def _cmd_train(argv: list[str]) -> int:
     p = _config_parser("train", "warm start (unless --policy) then RL; resumes from the run directory's last checkpoint")
     p.add_argument("--policy", default=None, help="start from this policy directory (skips the warm start)")
@@ -61,8 +56,8 @@ def _cmd_train(argv: list[str]) -> int:
                    "checkpoints are moved aside to checkpoints.stale-<time> (its stored config must match; else see --fresh)")
     p.add_argument("--fresh", action="store_true", help=_FRESH_HELP)
     args = p.parse_args(argv)
-    if args.help_config:
-        return _help_config()
+    if args.help_config is not None:
+        return print_config_help(args.help_config, args.preset)
     cfg = _load(args)
     from interq.train.pipeline import run_training
 
@@ -79,8 +74,8 @@ def _cmd_sft(argv: list[str]) -> int:
     p = _config_parser("sft", "build the policy and warm-start it on expert demonstrations; writes a policy directory")
     p.add_argument("--fresh", action="store_true", help=_FRESH_HELP)
     args = p.parse_args(argv)
-    if args.help_config:
-        return _help_config()
+    if args.help_config is not None:
+        return print_config_help(args.help_config, args.preset)
     cfg = _load(args)
     import json
 
@@ -90,6 +85,31 @@ def _cmd_sft(argv: list[str]) -> int:
     path, summary = prepare_policy(cfg, out, fresh=args.fresh)
     print(json.dumps({"policy_dir": str(path), **summary}, default=str))
     return 0
+
+
+def _cmd_eval(argv: list[str]) -> int:
+    from interq.train.config import EXECUTORS
+
+    p = argparse.ArgumentParser(prog="interq eval", description="play a saved policy on the held-out tasks of an "
+                                "environment (the preset's, or env.name=... among the overrides) with the trainer's own "
+                                "evaluation; prints a table, writes eval.json in --out, ends with RESULT {json}")
+    add_config_arguments(p)
+    p.add_argument("--policy", default=None, help="policy directory (a warm start, a checkpoint, or a "
+                   "run directory: its newest checkpoint), or smollm2")
+    p.add_argument("--episodes", type=int, default=None, help="held-out episodes: the first N held-out tasks, one "
+                   "episode each (default: env.num_eval_tasks x train.eval_episodes_per_task)")
+    p.add_argument("--executor", default="arm", choices=["arm", *EXECUTORS], help="the executor that plays: the "
+                   "preset's (arm, default: rollout.executor) or bf16, fp32, w8a8")
+    p.add_argument("--out", default=None, help="output directory (default: runs/eval/<name>)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. env.name=alfworld train.eval_temperature=0")
+    args = p.parse_args(argv)
+    if args.help_config is not None:
+        return print_config_help(args.help_config, args.preset)
+    if args.policy is None:
+        p.error("--policy DIR is required")
+    from interq.train.evaluate import eval_command
+
+    return eval_command(args, "interq eval " + " ".join(argv))
 
 
 def _cmd_demo(argv: list[str]) -> int:
@@ -110,14 +130,59 @@ def _cmd_mismatch(argv: list[str]) -> int:
     return mismatch_main(argv)
 
 
+# name -> (function, the one sentence ``interq --help`` shows), in the order it lists them
 COMMANDS = {
-    "selfcheck": (_cmd_selfcheck, "exercise the correction math on a synthetic batch and print its metrics"),
-    "train": (_cmd_train, "warm start + RL for one arm/preset (checkpoints, resume, metrics.jsonl)"),
-    "sft": (_cmd_sft, "warm start only: tiny policy + SFT on expert demos -> a policy directory"),
-    "demo": (_cmd_demo, "warm start + short RL runs of bf16 and q-interq on household; table, plot, RESULT line"),
-    "compare": (_cmd_compare, "the five arms over several seeds; markdown table, learning curves, mismatch plot"),
-    "mismatch": (_cmd_mismatch, "play episodes with the executor, recompute the learner's log-probs; per-turn mismatch table, plot, RESULT line"),
+    "train": (_cmd_train, "Warm-start a policy, then train it with RL."),
+    "sft": (_cmd_sft, "Warm-start a policy on expert demonstrations only."),
+    "eval": (_cmd_eval, "Evaluate a saved policy on held-out tasks."),
+    "demo": (_cmd_demo, "Train bf16 and q-interq side by side, briefly."),
+    "compare": (_cmd_compare, "Train several arms over seeds and compare them."),
+    "mismatch": (_cmd_mismatch, "Measure the executor/learner mismatch per turn."),
+    "selfcheck": (_cmd_selfcheck, "Check the correction math on a synthetic batch."),
 }
+
+
+def _epilog() -> str:
+    from interq.train.config import preset_names
+
+    from interq.train.config import DEFAULT_PRESET as default
+
+    text = (f"Commands that take a preset start from {default} unless --preset names another; presets: "
+            f"{', '.join(preset_names())}, or a YAML file. An arm preset with env.name=<env> among the overrides "
+            "builds on that environment's preset. Overrides are key.sub=value, e.g. "
+            f"interq train --preset {default} train.steps=50 algo.budget=0.25; invalid values are refused before any "
+            "work. `interq <command> --help` lists a command's options, `interq <command> --help-config [SECTION]` "
+            "every config field with its doc.")
+    return textwrap.fill(text, width=100)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's, with the sub-commands' help column wide enough for the longest name (argparse measures the
+    sub-commands one indent shallower than it prints them)."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if action.nargs == argparse.PARSER:
+            self._action_max_length += 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser: ``--help`` (the commands, one per line), ``--version``. Each command parses its own
+    arguments (``interq <command> --help``)."""
+    from interq import __version__
+
+    parser = argparse.ArgumentParser(prog="interq", description="RL for multi-turn LLM agents with quantized rollouts "
+                                     "and the InterQ history correction.", epilog=_epilog(),
+                                     formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"interq {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="<command>", dest="command")
+    for name, (_, sentence) in COMMANDS.items():
+        sub.add_parser(name, help=sentence, add_help=False)
+    return parser
+
+
+def _asks_help(args: list[str]) -> bool:
+    return any(a in ("-h", "--help") or a.startswith("--help-config") for a in args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,22 +191,32 @@ def main(argv: list[str] | None = None) -> int:
     system has it), which restarts the process once; a call with ``argv`` (from Python) runs as it is."""
     started = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    if started and argv and argv[0] in COMMANDS and argv[0] != "selfcheck":
+    if started and argv and argv[0] in COMMANDS and argv[0] != "selfcheck" and not _asks_help(argv[1:]):
         from interq.allocator import reexec_with_allocator
 
         reexec_with_allocator(argv)
-    parser = argparse.ArgumentParser(prog="interq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[1]}" for k, v in sorted(COMMANDS.items())))
-    if not argv or argv[0] in ("-h", "--help"):
-        parser.print_help()
-        return 0 if argv else 2
-    if argv[0] not in COMMANDS:
-        parser.error(f"unknown command {argv[0]!r}; accepted: {', '.join(sorted(COMMANDS))}")
-    from interq.train.provenance import StaleResultError
+    if not argv or argv[0] not in COMMANDS:
+        parser = build_parser()
+        if not argv or argv[0] in ("-h", "--help"):
+            parser.print_help()
+            return 0 if argv else 2
+        if argv[0] == "--version":
+            from interq import __version__
+
+            print(f"interq {__version__}")
+            return 0
+        parser.parse_args(argv[:1])  # an unknown command or option: one usage line naming the commands, exit 2
+        return 2
+    return _run(argv[0], argv[1:])
+
+
+def _run(command: str, args: list[str]) -> int:
+    """``COMMANDS[command]`` on ``args``, the errors a user can fix as one line on stderr."""
     from interq.train.config import ConfigError, NonFiniteTrainingError
+    from interq.train.provenance import StaleResultError
 
     try:
-        return COMMANDS[argv[0]][0](argv[1:])
+        return COMMANDS[command][0](args)
     except StaleResultError as e:  # an existing result of other inputs: nothing was run (see --fresh)
         print(f"interq: {e}", file=sys.stderr)
         return 2

@@ -902,10 +902,10 @@ def config_help(section: str | None = None, preset: str | None = None) -> str:
     dotted name) with its type, default, allowed values and doc. :class:`ConfigError` for an unknown section."""
     recs = _records(section)
     head = ("Config fields: override any with key.sub=value after the command's options, e.g. algo.budget=0.25. "
-            "Defaults are the built-in ones" + (f"; the {preset} preset (the default preset) sets some of them, shown "
-                                                 "as 'preset'." if preset else "."))
+            "Defaults are the built-in ones" + (f"; where the {preset} preset sets another value it is shown as "
+                                                 "'preset'." if preset else "."))
     values = _preset_values(preset) if preset else {}
-    lines = [head]
+    lines = [textwrap.fill(head, width=100)]
     docs = _section_docs()
     current = None
     for r in recs:

@@ -285,7 +285,9 @@ def main(argv: list[str]) -> int:
         description="play episodes with the arm's executor, recompute the learner's log-probs on them (plain and "
                     "aligned), report the per-turn mismatch profile (mean |delta|, prefix log-ratio, InterQ's |Lambda|, "
                     "budget binding, effective support); no training. Ends with RESULT {json}.")
-    p.add_argument("--preset", default="q-interq", help="preset name or YAML path (default: q-interq)")
+    from interq.train.cli_args import add_config_arguments, print_config_help
+
+    add_config_arguments(p)  # --preset (default q-interq), --help-config [SECTION], --force
     p.add_argument("--policy", default=None, help="policy or checkpoint directory (default: the preset's policy, "
                    "warm-started into <out>/warm_start, reused when made from the same inputs)")
     p.add_argument("--episodes", type=int, default=32, help="episodes to play (default 32), sampled as training steps "
@@ -301,6 +303,8 @@ def main(argv: list[str]) -> int:
                    "applied after --setting: natural (the preset's W8A8-KV8) or matched (W4A4-KV4); default: none")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. rollout.kv_format=fp8_per_token_head")
     args = p.parse_args(argv)
+    if args.help_config is not None:
+        return print_config_help(args.help_config, args.preset)
     overrides = [*SETTINGS[args.setting], *REGIMES.get(args.regime, []), *args.overrides]
 
     # everything is validated before any work
