@@ -16,7 +16,8 @@ here instead:
 
 Layouts (spec §5):
 
-- one row per trajectory (verl's agent loop): turns are the runs of 1 in ``response_mask``;
+- one row per trajectory (verl's agent loop): turns are the runs of 1 in ``response_mask`` (rows of interq's
+  ``interq_env`` loop say so with their ``interq_turn_spans``, which equal those runs);
 - one row per step (verl-agent): the non-tensor ``traj_uid`` names the trajectory and a step index names
   the turn; rows may come in any order and may be duplicated (a duplicated turn counts once).
 
@@ -42,6 +43,8 @@ CONFIG_PATH = "algorithm.rollout_correction"
 OPTIONS_PATH = CONFIG_PATH + ".interq"
 LAYOUTS = ("auto", "trajectory", "step")
 METRIC_PREFIX = "rollout_corr/"
+TURN_SPANS_KEY = "interq_turn_spans"
+"""Field the ``interq_env`` agent loop writes: its rows are whole trajectories whose turns are the runs of 1."""
 
 
 class InterqVerlError(ValueError):
@@ -220,7 +223,7 @@ def layout_ids(batch: Any, opts: VerlInterqOptions) -> tuple[Tensor | None, Tens
     layout = opts.layout
     if layout == "auto":
         layout = "step" if _has_field(batch, opts.traj_key) else "trajectory"
-        if layout == "trajectory":
+        if layout == "trajectory" and not _has_field(batch, TURN_SPANS_KEY):  # interq_env rows are trajectories
             _warn_once(
                 f"interq: {OPTIONS_PATH}.layout='auto': the batch has no {opts.traj_key!r} field "
                 f"({OPTIONS_PATH}.traj_key), so every row is taken as one whole trajectory. If rows are steps of "

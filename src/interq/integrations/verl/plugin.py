@@ -19,6 +19,11 @@ What :func:`install` hooks (each applied when verl imports the module, see ``_ho
   and the batch reaches the advantage step without ``rollout_is_weights``.
 - ``verl.workers.engine.fsdp.transformer_impl``: registers the aligned-forward engine under the vendor
   ``interq`` (selected with ``VERL_ENGINE_VENDOR=interq``, see :mod:`interq.integrations.verl.engine`).
+- ``verl.experimental.agent_loop.agent_loop``: registers the ``interq_env`` agent loop (interq's environments,
+  :mod:`interq.integrations.verl.agent_loop`).
+- ``verl.workers.rollout.vllm_rollout.vllm_async_server`` and ``...vllm_rollout.utils``: add
+  ``rollout.quantization=w8a8_int8`` (the int8 W8A8 rollout and its weight sync,
+  :mod:`interq.integrations.verl.vllm_w8a8`).
 
 ``install()`` is idempotent: loading the plugin twice patches nothing twice and logs once.
 """
@@ -54,6 +59,9 @@ BYPASS_FN = "apply_bypass_mode"
 _BINDERS = ("verl.trainer.ppo.v1.trainer_base",)
 
 _MARK = "__interq_original__"
+AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
+VLLM_SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+VLLM_WORKER_MODULE = "verl.workers.rollout.vllm_rollout.utils"
 
 
 class _State:
@@ -222,6 +230,24 @@ def _register_engine(module: ModuleType) -> None:
         logger.warning("interq: could not register the aligned engine: %s", e)
 
 
+def _register_agent_loop(module: ModuleType) -> None:
+    try:
+        import interq.integrations.verl.agent_loop  # noqa: F401 - its @register adds ``interq_env``
+    except Exception as e:  # never break verl's import in a process that does not use the loop
+        STATE.errors["agent_loop"] = f"{type(e).__name__}: {e}"
+        logger.warning("interq: could not register the interq_env agent loop: %s", e)
+
+
+def _register_w8a8(module: ModuleType) -> None:
+    try:
+        from interq.integrations.verl import vllm_w8a8
+
+        (vllm_w8a8.patch_vllm_worker if module.__name__ == VLLM_WORKER_MODULE else vllm_w8a8.patch_vllm_server)(module)
+    except Exception as e:  # never break verl's import in a process that does not use the int8 rollout
+        STATE.errors["w8a8"] = f"{type(e).__name__}: {e}"
+        logger.warning("interq: could not add the w8a8_int8 rollout quantization: %s", e)
+
+
 def ensure_patched() -> None:
     """Import verl's rollout-correction module (running the hook) and raise if InterQ cannot run on it."""
     import importlib
@@ -253,6 +279,9 @@ def install() -> None:
     _hooks.when_imported("verl.trainer.ppo.ray_trainer", _patch_advantage_v0)
     _hooks.when_imported("verl.trainer.ppo.v1.utils", _patch_advantage_v1)
     _hooks.when_imported("verl.workers.engine.fsdp.transformer_impl", _register_engine)
+    _hooks.when_imported(AGENT_LOOP_MODULE, _register_agent_loop)
+    _hooks.when_imported(VLLM_SERVER_MODULE, _register_w8a8)
+    _hooks.when_imported(VLLM_WORKER_MODULE, _register_w8a8)
     logger.info("interq: verl plugin loaded (verl %s; rollout_is=%s)", v, "|".join(INTERQ_METHODS))
 
 
