@@ -34,7 +34,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from interq._optional import available
 from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
 from interq.rollout import RolloutEngine, SamplingParams
-from interq.rollout.attention import ATTENTION_CHOICES, set_rollout_attention
+from interq.rollout.attention import ATTENTION_CHOICES
+from interq.rollout.fast_layers import set_rollout_attention
 
 
 def tiny_qwen3(dtype: torch.dtype) -> torch.nn.Module:

@@ -36,7 +36,8 @@ from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_toke
 from interq.quant import kernels
 from interq.quant.linear import amx_available, resolve_int8_backend
 from interq.quant.testing import tiny_causal_lm
-from interq.rollout.attention import ATTENTION_CHOICES, set_rollout_attention
+from interq.rollout.attention import ATTENTION_CHOICES
+from interq.rollout.fast_layers import set_rollout_attention
 
 PROMPTS = [
     "Write a short story about a robot learning to paint.",

@@ -268,7 +268,7 @@ def main() -> None:
     from interq.models.pretrained import load_smollm2, smollm2_dir
     from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor, make_kv_cache
     from interq.rollout import RolloutEngine
-    from interq.rollout.attention import set_rollout_attention
+    from interq.rollout.fast_layers import set_rollout_attention
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_quant import PROMPTS

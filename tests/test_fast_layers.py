@@ -14,7 +14,7 @@ from transformers.models.llama import modeling_llama as ML
 from interq.quant import BF16_EXECUTOR, QuantConfig, kernels, make_executor, make_kv_cache
 from interq.rollout import RolloutEngine, SamplingParams
 from interq.rollout import fast_layers as FL
-from interq.rollout.attention import set_rollout_attention
+from interq.rollout.fast_layers import set_rollout_attention
 
 
 def _kernels():

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from interq.quant import kernels
 from interq.rollout import attention as A
+from interq.rollout.fast_layers import set_rollout_attention
 
 
 def _kernels():
@@ -145,7 +146,7 @@ def test_sdpa_packed_decode_is_the_same_with_and_without_it():
     cfg = LlamaConfig(vocab_size=96, hidden_size=192, intermediate_size=160, num_hidden_layers=2,
                       num_attention_heads=6, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
                       attn_implementation="sdpa")
-    model = A.set_rollout_attention(LlamaForCausalLM(cfg).bfloat16().eval().requires_grad_(False), "sdpa_packed")
+    model = set_rollout_attention(LlamaForCausalLM(cfg).bfloat16().eval().requires_grad_(False), "sdpa_packed")
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(4, 96, (n,), generator=gen).tolist() for n in (530, 300, 12)]  # padded, > 1 block
 

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from interq.rollout import RolloutEngine, SamplingParams
-from interq.rollout.attention import ATTENTION_CHOICES, NAME, sdpa_packed_attention, set_rollout_attention
+from interq.rollout.attention import ATTENTION_CHOICES, NAME, sdpa_packed_attention
+from interq.rollout.fast_layers import set_rollout_attention
 
 
 class _Attn(torch.nn.Module):

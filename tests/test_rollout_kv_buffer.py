@@ -1,4 +1,4 @@
-"""KV caches that append in place (interq.rollout.kv_buffer): the same values as concatenation, in place while the
+"""KV caches that append in place (interq.quant.kv_buffer): the same values as concatenation, in place while the
 buffer has room, a new buffer otherwise; the same decode logits, rollouts and attention bits as transformers'
 concatenating cache."""
 
@@ -15,9 +15,9 @@ from interq.quant import kv_cache as KV
 from interq.quant.kv_cache import STORAGES
 from interq.quant.testing import tiny_causal_lm
 from interq.rollout import RolloutEngine, SamplingParams
-from interq.rollout import kv_buffer as KB
-from interq.rollout.attention import set_rollout_attention
-from interq.rollout.kv_buffer import GrowingLayer, append_columns, growing_dynamic_cache
+from interq.quant import kv_buffer as KB
+from interq.rollout.fast_layers import set_rollout_attention
+from interq.quant.kv_buffer import GrowingLayer, append_columns, growing_dynamic_cache
 
 
 def _cat_columns(cur, new, buffers, name):

@@ -33,7 +33,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from interq.quant import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig, int_qmax
-from interq.rollout.kv_buffer import append_columns, append_pair, growing_dynamic_cache
+from interq.quant.kv_buffer import append_columns, append_pair, growing_dynamic_cache
 
 
 def _dequant(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -277,7 +277,7 @@ def kv_bytes_per_token(cache: Cache) -> float:
 
 def make_kv_cache(qcfg: QuantConfig, model_config, keep_dequantized: bool = False, storage: str | None = None) -> Cache:
     """A fresh cache for one batch of sequences: ``QuantKVCache`` for an 8-bit ``kv_format``, a ``DynamicCache``
-    of in-place appending layers for ``kv_format='none'`` (:func:`interq.rollout.kv_buffer.growing_dynamic_cache`).
+    of in-place appending layers for ``kv_format='none'`` (:func:`interq.quant.kv_buffer.growing_dynamic_cache`).
     Pass it as ``past_key_values`` / ``cache``.
     ``storage`` (default ``"dequantized"``; ``keep_dequantized=True`` is ``"codes+dequantized"``): what the cache
     holds, speed against memory, the same values read (module docstring)."""

@@ -32,7 +32,7 @@ one-token problems as small blocks through GEMM calls: at SmolLM2's shapes (16 r
 0.19 / 0.79 / 1.70 ms per layer against 0.47 / 2.03 / 5.43 at 256 / 1,024 / 2,048 cached tokens, with the error of
 an fp32 computation against float64 (flash's or less; docs/benchmarks.md "thirteenth session"). A masked prefill
 (several new tokens over the cache) by ``masked_attention``: the blocking of the learner's causal kernel
-(:mod:`interq.train.learner_attention`) on fp32 copies of the bf16 K/V, blocks the mask hides skipped, a query row
+(:mod:`interq.quant.causal_attention`) on fp32 copies of the bf16 K/V, blocks the mask hides skipped, a query row
 with nothing to attend 0 (as torch's). Not the same bits as ``sdpa_packed`` (rounding), so not the default. Where a
 kernel cannot take a call (kernels not built or turned off, another device or dtype, a head size not a multiple of
 16, more than 16 query heads per KV head in decode, per-head masks, an unmasked prefill, soft-capping) it is
@@ -50,7 +50,7 @@ import torch.nn.functional as F
 NAME = "interq_sdpa_packed"
 KERNEL_NAME = "interq_packed_kernel"
 ATTENTION_CHOICES = ("sdpa", "sdpa_packed", "packed_kernel")
-_NAMES = {"sdpa_packed": NAME, "packed_kernel": KERNEL_NAME}
+NAMES = {"sdpa_packed": NAME, "packed_kernel": KERNEL_NAME}  # rollout.attention -> the registered name
 
 
 def _special(kwargs: dict, dropout) -> bool:
@@ -245,7 +245,7 @@ def packed_kernel_attention(module, query, key, value, attention_mask, dropout: 
     return out.reshape(b, 1, h, d), None  # [B, 1, H, D]: the heads of a KV head are consecutive
 
 
-def _register() -> None:
+def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -253,29 +253,3 @@ def _register() -> None:
     AttentionMaskInterface.register(NAME, sdpa_mask)
     AttentionInterface.register(KERNEL_NAME, packed_kernel_attention)
     AttentionMaskInterface.register(KERNEL_NAME, sdpa_mask)
-
-
-def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Module:
-    """Give a rollout executor (a transformers model the caller owns: not the learner) the attention ``attention``
-    (one of :data:`ATTENTION_CHOICES`; ``sdpa`` keeps transformers' own) and its Llama decoder layers the lean
-    forward of :mod:`interq.rollout.fast_layers` (the same values, fewer calls). -> the model."""
-    if attention not in ATTENTION_CHOICES:
-        raise ValueError(f"rollout.attention must be one of {list(ATTENTION_CHOICES)}, got {attention!r}")
-    from interq.rollout import fast_layers
-
-    config = getattr(model, "config", None)
-    current = getattr(config, "_attn_implementation", None)
-    if attention != "sdpa" and current not in ("sdpa", NAME, KERNEL_NAME):
-        raise ValueError(f"rollout.attention={attention} needs a model with transformers' sdpa attention; "
-                         f"{type(model).__name__} uses {current!r}")
-    fast_layers.install(model)  # the lean decoder-layer forward (the same values; interq.rollout.fast_layers)
-    if attention == "sdpa":
-        return model
-    _register()
-    param = next(model.parameters(), None)
-    if param is None or param.device.type == "cpu":
-        from interq.quant import kernels
-
-        kernels.load()  # built once per machine: sdpa_packed's one-call decode, packed_kernel's kernels (else torch's)
-    model.set_attn_implementation(_NAMES[attention])
-    return model

@@ -30,7 +30,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from interq._hf import cache_kwarg
-from interq.rollout.kv_buffer import growing_dynamic_cache
+from interq.quant.kv_buffer import growing_dynamic_cache
 from interq.rollout.sampling import SamplingParams, sample_tokens
 from interq.rollout.trajectory import Trajectory, TurnSpan
 
@@ -39,7 +39,7 @@ CacheFactory = Callable[[Any], Cache]
 
 def dynamic_cache_factory(model_config: Any) -> Cache:
     """The default cache: a transformers ``DynamicCache`` whose layers append in place into spare capacity instead
-    of concatenating the whole cache at every step (:mod:`interq.rollout.kv_buffer`; the same values).
+    of concatenating the whole cache at every step (:mod:`interq.quant.kv_buffer`; the same values).
 
     Measured 2026-12-01 and not kept then: views of a larger buffer made torch's CPU flash kernel several times
     slower through transformers' unpacked decode path. With the packed decode attention (``sdpa_packed``, the

@@ -23,7 +23,7 @@ layer around its KV cache run as one kernel call each (``layer_attn_in``: norm, 
 ``layer_attn_out``: o_proj, residual, norm, gate|up, SiLU * up, down, residual): the same kernels and torch ops in
 the same order, without the Python between them; every other case takes the calls one by one.
 
-``set_rollout_attention`` installs it on every rollout executor; ``use_fast_layers(False)`` (or
+:func:`set_rollout_attention` installs it on every rollout executor (with the attention function); ``use_fast_layers(False)`` (or
 ``INTERQ_FAST_LAYERS=0``) makes every layer take transformers' forward again, ``use_fast_layers(True, fused=False)``
 keeps the lean forward without the one-call halves, for side-by-side timing.
 """
@@ -556,3 +556,28 @@ def install(model: nn.Module) -> int:
         _PLANS.pop(layer, None)  # gathered again at the next call (the modules may have been replaced)
         n += 1
     return n
+
+
+def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Module:
+    """Give a rollout executor (a transformers model the caller owns: not the learner) the attention ``attention``
+    (one of :data:`interq.rollout.attention.ATTENTION_CHOICES`; ``sdpa`` keeps transformers' own) and its Llama
+    decoder layers the lean forward of this module (the same values, fewer calls). -> the model. It lives here, above
+    :mod:`interq.rollout.attention`, because it sets both."""
+    if attention not in A.ATTENTION_CHOICES:
+        raise ValueError(f"rollout.attention must be one of {list(A.ATTENTION_CHOICES)}, got {attention!r}")
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if attention != "sdpa" and current not in ("sdpa", A.NAME, A.KERNEL_NAME):
+        raise ValueError(f"rollout.attention={attention} needs a model with transformers' sdpa attention; "
+                         f"{type(model).__name__} uses {current!r}")
+    install(model)  # the lean decoder-layer forward (the same values)
+    if attention == "sdpa":
+        return model
+    A.register()
+    param = next(model.parameters(), None)
+    if param is None or param.device.type == "cpu":
+        from interq.quant import kernels
+
+        kernels.load()  # built once per machine: sdpa_packed's one-call decode, packed_kernel's kernels (else torch's)
+    model.set_attn_implementation(A.NAMES[attention])
+    return model

@@ -24,29 +24,9 @@ import contextlib
 import weakref
 
 import torch
-import torch.nn.functional as F
 
-_F_LINEAR = F.linear  # torch's own
-
-
-class LinearSwap:
-    """``torch.nn.functional.linear`` replaced by ``fn`` while any ``with`` of this object is open (nesting counted),
-    and what it was before put back when the outermost closes (torch's own, or another swap open around this one).
-    Shared by :func:`bf16_backward` and :func:`interq.train.onednn_gemm.onednn_gemm`."""
-
-    def __init__(self, fn) -> None:
-        self.fn, self.depth, self.outer = fn, 0, None
-
-    def __enter__(self) -> None:
-        if self.depth == 0:
-            self.outer, F.linear = F.linear, self.fn
-        self.depth += 1
-
-    def __exit__(self, *exc) -> None:
-        self.depth -= 1
-        if self.depth == 0:
-            F.linear, self.outer = self.outer, None
-
+from interq.train import onednn_gemm
+from interq.train.linear_swap import LinearSwap
 
 _LAST_X16: list = [None]  # (weakref to x, x's version, bf16 copy): the last input converted
 
@@ -96,8 +76,6 @@ def _takes(x, w, b) -> bool:
 
 def _forward(x, w, b):
     """The fp32 forward: ``F.linear`` itself, or oneDNN's inside ``interq.train.onednn_gemm`` (``learner_gemm``)."""
-    from interq.train import onednn_gemm
-
     return onednn_gemm._linear(x, w, b)  # F.linear itself unless that context is open
 
 

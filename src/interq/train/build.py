@@ -254,7 +254,7 @@ def build_executor(learner: torch.nn.Module, cfg: RolloutConfig) -> Executor:
     import copy
 
     from interq.quant import BF16_EXECUTOR, make_executor, make_kv_cache, sync_weights
-    from interq.rollout.attention import set_rollout_attention
+    from interq.rollout.fast_layers import set_rollout_attention
 
     if cfg.executor in ("bf16", "fp32"):
         # unquantized: make_executor's packed bf16 products and fused norms (the same bits as the learner's modules

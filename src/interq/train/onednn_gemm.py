@@ -24,7 +24,7 @@ import contextlib
 
 import torch
 
-from interq.train import bf16_backward as B
+from interq.train.linear_swap import F_LINEAR, LinearSwap
 
 
 def _mm_t(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,7 +72,7 @@ def takes(x, w, b) -> bool:
 
 def _linear(input, weight, bias=None):  # noqa: A002 (F.linear's own argument names)
     if not takes(input, weight, bias):
-        return B._F_LINEAR(input, weight, bias)
+        return F_LINEAR(input, weight, bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
         return OneDnnLinear.apply(input, weight, bias)
     return linear_fp32(input, weight, bias)
@@ -90,4 +90,4 @@ def onednn_gemm():
         yield
 
 
-_SWAP = B.LinearSwap(_linear)
+_SWAP = LinearSwap(_linear)
