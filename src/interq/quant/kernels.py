@@ -172,65 +172,27 @@ def _build(openmp: bool, verbose: bool):
     build_dir = kernels_dir() / name
     _ninja_on_path()
     build_dir.mkdir(parents=True, exist_ok=True)
-    with _build_lock(build_dir):
-        if not (build_dir / f"{name}.so").is_file():
-            print(f"[interq] compiling the int8 executor's CPU kernels into {build_dir} (once per machine, "
-                  "about a minute)", file=sys.stderr, flush=True)
-        return name, _load_inline(name, openmp, verbose, build_dir)
-
-
-def _build_lock(build_dir: Path):
-    """Builders of one directory take turns: each holds ``interq-build.lock`` (``flock``, released by the kernel
-    when its process ends, however it ends) while torch builds or loads. Holding it, any ``lock`` file torch's own
-    build left there belongs to a build that was killed (torch would wait on it for ever): it is removed, said in
-    one line. Waiting for a live builder is said too, with its process id."""
-    import contextlib
-    import fcntl
-
-    @contextlib.contextmanager
-    def held():
-        path = build_dir / "interq-build.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-                print(f"[interq] waiting for {owner}, which is building the CPU kernels in {build_dir}",
-                      file=sys.stderr, flush=True)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-            stale = build_dir / "lock"
-            if stale.exists():
-                print(f"[interq] {stale}: a kernel build lock whose owner has ended (a build was killed); taken over",
-                      file=sys.stderr, flush=True)
-                stale.unlink(missing_ok=True)
-            yield
-        finally:
-            os.close(fd)
-
-    return held()
-
-
-def _load_inline(name: str, openmp: bool, verbose: bool, build_dir: Path):
-    from torch.utils.cpp_extension import load_inline
-
-    return load_inline(name, cpp_sources=[_SRC.read_text()],
-                       functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
-                                  "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
-                                  "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2", "int8_linear_avx2",
-                                  "has_int8_gemm_amx",
-                                  "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
-                                  "has_bf16_linear_avx2", "bf16_linear_avx2", "bf16_avx2_k_order",
-                                  "flash_decode_amx",
-                                  "torch_row_sums", "rms_norm_bf16",
-                                  "decode_attention",
-                                  "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
-                                  "uniform_f64_rows", "race_argmax", "rope_bf16", "kv_append",
-                                  "layer_attn_in", "layer_attn_out"],
-                       extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
-                       build_directory=str(build_dir), verbose=verbose)
+    lock = build_dir / "lock"  # torch waits for ever on the lock of a build that was killed: drop a stale one
+    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+        lock.unlink(missing_ok=True)
+    if not (build_dir / f"{name}.so").is_file():
+        print(f"[interq] compiling the int8 executor's CPU kernels into {build_dir} (once per machine, "
+              "about a minute)", file=sys.stderr, flush=True)
+    return name, load_inline(name, cpp_sources=[_SRC.read_text()],
+                             functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
+                                        "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
+                                        "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2", "int8_linear_avx2",
+                                        "has_int8_gemm_amx",
+                                        "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
+                                        "has_bf16_linear_avx2", "bf16_linear_avx2", "bf16_avx2_k_order",
+                                        "flash_decode_amx",
+                                        "torch_row_sums", "rms_norm_bf16",
+                                        "decode_attention",
+                                        "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
+                                        "uniform_f64_rows", "race_argmax", "rope_bf16", "kv_append",
+                                        "layer_attn_in", "layer_attn_out"],
+                             extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
+                             build_directory=str(build_dir), verbose=verbose)
 
 
 def load(verbose: bool = False):
