@@ -1,6 +1,7 @@
-"""Run configuration: presets for the five arms, overrides, validation before any work."""
+"""Run configuration: presets for the five arms, overrides, validation before any work, the field reference."""
 
 import math
+import re
 
 import pytest
 
@@ -9,7 +10,7 @@ from interq.train.config import (
     with_overrides,
 )
 
-SPEC_ARMS = {  # interq-spec.md §4
+SPEC_ARMS = {  # the five arms: executor, aligned learner, correction
     "bf16": ("bf16", False, "tis"),
     "q-naive": ("w8a8", False, "none"),
     "q-tis": ("w8a8", False, "tis"),
@@ -150,3 +151,103 @@ def test_caps_and_budget_may_be_infinite():
 
     cfg = build_config("q-interq", ["algo.budget=inf", "algo.tis_cap=inf", "algo.prefix_cap=inf"])
     assert cfg.algo.budget == float("inf")
+
+
+# ---------------------------------------------------------------------------------------------- field reference
+
+HISTORY = re.compile(r"\b(session|issue|item|round|since|used to|was|were|NUMERICS_VERSION|spec)\b", re.I)
+
+
+def test_every_field_has_a_short_present_tense_doc():
+    from interq.train.config import field_reference
+
+    recs = field_reference()
+    assert len(recs) == len(describe()) >= 90
+    for r in recs:
+        doc = r["doc"]
+        assert doc and doc[0].isupper() and doc.endswith("."), r["name"]
+        assert len(doc) <= 400, (r["name"], len(doc))
+        assert not HISTORY.search(doc), (r["name"], doc)  # what it does, not how it came to be
+        assert r["allowed"], r["name"]  # every field says what it accepts
+
+
+def test_an_invalid_choice_is_refused_with_the_metadatas_choices():
+    """One source: the message of validate() lists exactly the allowed values of the field's metadata."""
+    from interq.train.config import choices, field_reference
+
+    with_choices = [r["name"] for r in field_reference() if r["allowed"] and "," in r["allowed"] and r["type"] == "str"
+                    and _has_choices(r["name"])]
+    assert {"algo.correction", "rollout.executor", "rollout.kv_format", "train.device", "env.prompt"} <= set(with_choices)
+    for name in with_choices:
+        with pytest.raises(ConfigError) as e:
+            build_config(None, [f"{name}=__nope__"])
+        assert str(e.value) == f"{name}='__nope__' is not accepted; choose one of {list(choices(name))}"
+
+
+def _has_choices(name: str) -> bool:
+    from interq.train.config import field_metadata
+
+    return "choices" in field_metadata(name)
+
+
+def _outside(bounds):
+    """A value just outside ``bounds``: the open low end, or one unit below / above a closed end."""
+    if math.isfinite(bounds.low):
+        return bounds.low if bounds.low_open else bounds.low - 1
+    return bounds.high + 1
+
+
+def test_a_value_out_of_bounds_is_refused_with_the_metadatas_bounds():
+    from interq.train.config import field_metadata, field_reference
+
+    needs = {"model.num_experts": ["model.arch=qwen3_moe"], "model.moe_intermediate_size": ["model.arch=qwen3_moe"]}
+    checked = 0
+    for r in field_reference():
+        bounds = field_metadata(r["name"]).get("bounds")
+        if bounds is None:
+            continue
+        bad = _outside(bounds)
+        with pytest.raises(ConfigError) as e:
+            build_config(None, [*needs.get(r["name"], []), f"{r['name']}={bad}"])
+        message = str(e.value)
+        assert message.startswith(f"{r['name']}=") and " is not accepted; it must be " in message, message
+        assert bounds.text().removesuffix(" (inf allowed)") in message, message
+        checked += 1
+    assert checked >= 50
+
+
+def test_help_text_of_a_field_names_its_doc_type_default_and_allowed_values():
+    from interq.train.config import config_help
+
+    text = config_help("algo.budget")
+    assert "  algo.budget (float, default 0.5; allowed: >= 0 (inf allowed))" in text
+    assert "InterQ's budget B in nats" in text
+    with pytest.raises(ConfigError, match=r"unknown section; accepted: run, model, env, warm_start, rollout, algo, "
+                                          r"optim, train"):
+        config_help("algos")
+
+
+def test_docs_field_reference_is_current():
+    """docs/configuration.md's field reference is what the config code generates (regenerate: the command below)."""
+    from pathlib import Path
+
+    from interq.train.config import REGENERATE_COMMAND, with_reference
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    text = page.read_text()
+    assert with_reference(text) == text, f"docs/configuration.md's field reference is out of date: run {REGENERATE_COMMAND}"
+    assert "| `algo.budget` | float | `0.5` |" in text
+
+
+def test_the_reference_replaces_only_what_lies_between_the_markers(tmp_path):
+    from interq.train.config import REFERENCE_END, REFERENCE_START, reference_markdown, write_reference
+
+    page = tmp_path / "configuration.md"
+    page.write_text(f"# Configuration\n\nintro\n\n{REFERENCE_START}\nold table\n{REFERENCE_END}\n\nafter\n")
+    assert write_reference(page) is True
+    text = page.read_text()
+    assert text == (f"# Configuration\n\nintro\n\n{REFERENCE_START}\n{reference_markdown()}{REFERENCE_END}\n\nafter\n")
+    assert write_reference(page) is False  # already current
+    new = tmp_path / "new.md"
+    write_reference(new)
+    assert new.read_text().startswith("# Configuration\n") and REFERENCE_START in new.read_text()

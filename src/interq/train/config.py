@@ -216,7 +216,7 @@ class WarmStartConfig:
                                    bounds=NON_NEGATIVE)
     episodes_per_microbatch: int = _f(16, "Demonstration episodes per gradient-accumulation micro-batch.",
                                       bounds=POSITIVE)
-    seed: int = _f(0, "Seed of the demonstrations' noise and of the fine-tuning's batch order.")
+    seed: int = _f(0, "Seed of the demonstrations' noise and of the fine-tuning's batch order.", allowed="any integer")
 
 
 @dataclass(frozen=True)
@@ -255,12 +255,11 @@ class RolloutConfig:
 class AlgoConfig:
     """The RL objective: correction of the executor/learner mismatch, advantages, clipped loss."""
 
-    correction: str = _f("tis", "Correction of the executor/learner mismatch: none; tis (token ratio capped at "
-                         "algo.tis_cap); icepop (drops tokens whose ratio leaves [icepop_low, icepop_high]); seq_is "
-                         "(trajectory ratio capped at algo.tis_cap); geo_mask (drops trajectories whose geometric-mean "
-                         "ratio leaves [geo_low, geo_high]); prefix_is (the earlier turns' ratio, capped at "
-                         "algo.prefix_cap); interq (a prefix log-weight bounded by algo.budget, shared out by "
-                         "effective support); interq_uniform (interq with equal shares).", choices=CORRECTIONS)
+    correction: str = _f("tis", "Correction of the executor/learner mismatch (each method's formula: docs/algorithm.md): "
+                         "none; tis (token ratio capped at algo.tis_cap); icepop, geo_mask (token, trajectory masks); "
+                         "seq_is (capped trajectory ratio); prefix_is (capped ratio of the earlier turns); interq (prefix "
+                         "log-weight bounded by algo.budget, shared by effective support); interq_uniform (equal shares).",
+                         choices=CORRECTIONS)
     align: bool = _f(False, "Quantize the learner's forward like the executor (straight-through gradients); needs "
                      "rollout.executor=w8a8.")
     layout: str = _f("concatenated", "Training rows: concatenated (one row per episode) or per_turn (one row per "
@@ -275,12 +274,12 @@ class AlgoConfig:
                        "prefix weight; inf: unbounded).", bounds=NON_NEGATIVE_OR_INF)
     tis_cap: float = _f(2.0, "Cap on the token ratio exp(delta) (tis and the token factor of the other methods) "
                         "and on seq_is's trajectory ratio.", bounds=POSITIVE_OR_INF)
-    icepop_low: float = _f(0.5, "icepop: the smallest token ratio kept.", allowed="in (0, algo.icepop_high]")
-    icepop_high: float = _f(2.0, "icepop: the largest token ratio kept.", allowed=">= algo.icepop_low")
-    geo_low: float = _f(0.9, "geo_mask: the smallest geometric-mean trajectory ratio kept.",
+    icepop_low: float = _f(0.5, "Smallest token ratio icepop keeps.", allowed="in (0, algo.icepop_high]")
+    icepop_high: float = _f(2.0, "Largest token ratio icepop keeps.", allowed=">= algo.icepop_low")
+    geo_low: float = _f(0.9, "Smallest geometric-mean trajectory ratio geo_mask keeps.",
                         allowed="in (0, algo.geo_high]")
-    geo_high: float = _f(1.1, "geo_mask: the largest geometric-mean trajectory ratio kept.", allowed=">= algo.geo_low")
-    prefix_cap: float = _f(2.0, "prefix_is: the cap on the prefix weight (the earlier turns' ratio).",
+    geo_high: float = _f(1.1, "Largest geometric-mean trajectory ratio geo_mask keeps.", allowed=">= algo.geo_low")
+    prefix_cap: float = _f(2.0, "Cap of prefix_is on its prefix weight (the earlier turns' ratio).",
                            bounds=POSITIVE_OR_INF)
     normalize: bool = _f(False, "Divide the correction weights by their mean over the batch's kept action tokens.")
     token_correction: bool = _f(True, "Multiply the prefix methods' weight (interq, interq_uniform, prefix_is) and "
@@ -326,14 +325,15 @@ class TrainConfig:
     eval_temperature: float = _f(1.0, "Sampling temperature of the evaluations (0: greedy).", bounds=NON_NEGATIVE)
     checkpoint_every_steps: int = _f(5, "Save a resumable checkpoint every N steps and at the last step (0: never).",
                                      bounds=NON_NEGATIVE)
-    seed: int = _f(0, "Seed of RL's task sampling and episode seeds, and of the tiny policy's initialisation.")
-    threads: int = _f(0, "torch threads (torch.set_num_threads; 0: leave torch's choice).", bounds=NON_NEGATIVE)
+    seed: int = _f(0, "Seed of RL's task sampling and episode seeds, and of the tiny policy's initialisation.",
+                   allowed="any integer")
+    threads: int = _f(0, "Threads torch computes with (torch.set_num_threads; 0: leave torch's choice).", bounds=NON_NEGATIVE)
     device: str = _f("cpu", "Where learner and executor run: cpu, cuda, or auto (cuda when a GPU is visible); the "
                      "warm start stays on the CPU.", choices=DEVICES)
     gradient_checkpointing: bool = _f(False, "Recompute each decoder layer's activations in the backward instead of "
                                       "keeping them: much less learner memory for about one more forward per "
                                       "micro-batch; the same gradients.")
-    learner_autocast: str = _f("auto", "bf16 in the learner: off (fp32); bf16 (the plain learner's forward under "
+    learner_autocast: str = _f("auto", "Use of bf16 in the learner: off (fp32); bf16 (the plain learner's forward under "
                                "torch.autocast, fp32 master weights; not with algo.align); bf16_backward (fp32 "
                                "forward, the same log-probs, backward GEMMs of the linear layers in bf16); auto is "
                                "resolved when the config is built: bf16_backward on a CPU learner with native bf16 "
@@ -354,7 +354,7 @@ class TrainConfig:
 class RunConfig:
     """One run: its name and the components."""
 
-    name: str = _f("run", "Name of the run; the default run directory is runs/<name>.")
+    name: str = _f("run", "Name of the run; the default run directory is runs/<name>.", allowed="any string")
     model: ModelConfig = _section(ModelConfig, "The policy: a tiny model built from these fields, or a checkpoint.")
     env: EnvConfig = _section(EnvConfig, "The environment, its task splits, and how the agent sees and answers it.")
     warm_start: WarmStartConfig = _section(WarmStartConfig, "Supervised fine-tuning on expert demonstrations before "
@@ -955,17 +955,20 @@ def reference_markdown() -> str:
     """The field reference of docs/configuration.md (between ``<!-- fields:start -->`` and ``<!-- fields:end -->``):
     one table per section, every field with its type, default, allowed values and doc."""
     docs = _section_docs()
+    preset = _preset_values(DEFAULT_PRESET)
     out = ["Generated from the field metadata in `src/interq/train/config.py` by "
-           f"`{REGENERATE_COMMAND}`; do not edit by hand. Defaults are the built-in ones; a preset overrides "
-           "some (`interq <command> --help-config` shows the default preset's values)."]
+           f"`{REGENERATE_COMMAND}`; do not edit by hand. *default* is the built-in value; the column "
+           f"*{DEFAULT_PRESET}* shows the default preset's value where it sets another (`interq <command> --preset NAME "
+           "--help-config` shows any preset's)."]
     by_section: dict[str, list[dict]] = {}
     for r in field_reference():
         by_section.setdefault(r["section"], []).append(r)
     for section, recs in by_section.items():
         out += ["", f"### `{section}`", "", docs.get(section, ""), "",
-                "| field | type | default | allowed | description |", "|---|---|---|---|---|"]
-        out += [f"| `{r['name']}` | {r['type']} | {_md_value(r['default'])} | {_md(r['allowed'])} | {_md(r['doc'])} |"
-                for r in recs]
+                f"| field | type | default | {DEFAULT_PRESET} | allowed | description |", "|---|---|---|---|---|---|"]
+        out += [f"| `{r['name']}` | {r['type']} | {_md_value(r['default'])} | "
+                f"{_md_value(preset[r['name']]) if r['name'] in preset and preset[r['name']] != r['default'] else ''} | "
+                f"{_md(r['allowed'])} | {_md(r['doc'])} |" for r in recs]
     return "\n".join(out) + "\n"
 
 
