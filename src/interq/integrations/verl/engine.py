@@ -12,8 +12,10 @@ no-grad ``old_log_probs`` pass and the training forward) in that context manager
 verl's ``EngineRegistry`` under the vendor ``interq`` for the ``fsdp`` and ``fsdp2`` backends on CUDA,
 so it replaces the stock engine only where a worker runs with ``VERL_ENGINE_VENDOR=interq``.
 
-``INTERQ_VERL_ALIGN`` picks the numerics: ``fp8_block128`` (default, verl's fp8 rollout), ``none``
-(stock forward; handy to A/B the same run) or a JSON object of :class:`interq.quant.QuantConfig` fields.
+``INTERQ_VERL_ALIGN`` picks the numerics: ``fp8_block128`` (default, verl's fp8 rollout), ``w8a8_int8``,
+``w8a8_int8_kv_int8``, ``w8a8_int8_kv_fp8`` (interq's int8 W8A8 rollout, ``rollout.quantization=w8a8_int8``, with
+vLLM's KV cache in the model dtype, ``int8_per_token_head`` or ``fp8``), ``none`` (stock forward; handy to A/B the
+same run) or a JSON object of :class:`interq.quant.QuantConfig` fields.
 """
 
 from __future__ import annotations
@@ -31,8 +33,20 @@ DEVICES = ("cuda",)
 PRESETS: dict[str, dict[str, Any] | None] = {
     # verl's FP8_BLOCK_QUANT_KWARGS: fmt e4m3, weight_block_size [128, 128], activation_scheme dynamic
     "fp8_block128": {"w_format": "fp8_e4m3", "w_granularity": "block128", "a_granularity": "group128", "kv_format": "none"},
+    # the w8a8_int8 rollout (interq.integrations.verl.w8a8): int8 per-channel weights, dynamic per-token int8
+    # activations; KV: none (vLLM kv_cache_dtype=auto), int8 per token and head (int8_per_token_head), fp8 (fp8)
+    "w8a8_int8": {"w_format": "int8", "w_granularity": "channel", "w_int8_range": "sym127", "a_granularity": "token",
+                  "a_int8_rounding": "half_even", "kv_format": "none"},
+    "w8a8_int8_kv_int8": {"w_format": "int8", "w_granularity": "channel", "w_int8_range": "sym127",
+                          "a_granularity": "token", "a_int8_rounding": "half_even",
+                          "kv_format": "int8_per_token_head", "kv_int8_store": "trunc"},
+    "w8a8_int8_kv_fp8": {"w_format": "int8", "w_granularity": "channel", "w_int8_range": "sym127",
+                         "a_granularity": "token", "a_int8_rounding": "half_even", "kv_format": "fp8_tensor",
+                         "kv_tensor_scale": 1.0},
     "none": None,
 }
+W8A8_PRESETS = {"none": "w8a8_int8", "int8": "w8a8_int8_kv_int8", "fp8": "w8a8_int8_kv_fp8"}
+"""KV choice of the w8a8_int8 rollout -> the aligned preset of the same numerics."""
 ENGINE_NAME = "InterqAlignedFSDPEngineWithLMHead"
 
 
