@@ -59,7 +59,8 @@ def test_align_config_matches_verl_fp8_rollout(E, monkeypatch):
     assert "mlp.gate" in q.exclude
     assert E.engine.align_qcfg("none") is None
     assert E.engine.align_qcfg('{"w_format": "int8"}').w_granularity == "channel"
-    with pytest.raises(InterqVerlError, match="INTERQ_VERL_ALIGN='fp9' is not accepted; accepted: fp8_block128, none"):
+    with pytest.raises(InterqVerlError, match="INTERQ_VERL_ALIGN='fp9' is not accepted; accepted: fp8_block128, "
+                       "w8a8_int8, w8a8_int8_kv_int8, w8a8_int8_kv_fp8, none"):
         E.engine.align_qcfg("fp9")
     with pytest.raises(InterqVerlError, match="INTERQ_VERL_ALIGN.*unknown field"):
         E.engine.align_qcfg('{"w_fmt": "int8"}')
