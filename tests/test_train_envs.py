@@ -309,7 +309,7 @@ def test_smollm2_on_alfworld_with_verl_agent_prompt(tmp_path):
             "train.tasks_per_step=1", "train.episodes_per_task=2", "train.steps=1", "train.eval_every_steps=0",
             "train.checkpoint_every_steps=0", "train.progress=false", "rollout.max_action_tokens=16"]
     t0 = time.perf_counter()
-    assert main(["train", "--out", str(out), *args]) == 0
+    assert main(["train", "--preset", "bf16", "--out", str(out), *args]) == 0
     seconds = time.perf_counter() - t0
     rec = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
     stored = (out / "config.yaml").read_text()
