@@ -555,7 +555,7 @@ def _learner_on_cpu(device: str) -> bool:
 
 def resolve_learner_autocast(value: str, device: str = "cpu") -> str:
     """``train.learner_autocast=auto`` -> ``bf16_backward`` for a learner on a CPU that computes bf16 in hardware
-    (AVX512_BF16 / AMX: the backward's GEMMs 1.5-2x fp32 there, docs/benchmarks.md), ``off`` elsewhere: CPUs that
+    (AVX512_BF16 / AMX: the backward's GEMMs 1.5-2x fp32 there, docs/performance.md), ``off`` elsewhere: CPUs that
     emulate bf16, and CUDA (unmeasured there; ``train.learner_autocast=bf16_backward`` asks for it). Other values
     pass through. ``device``: ``train.device`` (``auto`` is resolved here too)."""
     if value != "auto":
@@ -569,7 +569,7 @@ def resolve_learner_attention(value: str, device: str = "cpu") -> str:
     """``train.learner_attention=auto`` -> ``kernel`` for a CPU learner where interq's CPU kernels load (built
     once per machine, :mod:`interq.quant.kernels`; ``INTERQ_CPU_KERNELS=0`` turns them off) on a CPU with AVX-512, or
     with AVX2 and FMA, that is not an Intel one, ``sdpa`` elsewhere (CUDA, no C++ compiler, Intel CPUs, CPUs with
-    neither). Measured (docs/benchmarks.md): the kernel's forward and backward are 2.2-2.6x torch's CPU flash kernel
+    neither). Measured (docs/performance.md): the kernel's forward and backward are 2.2-2.6x torch's CPU flash kernel
     on AMD EPYCs with AVX-512 (Zen 5) at 300-1,760 tokens and 1.14-1.28x on an AVX2-only AMD EPYC (Zen 3) at
     300-2,500 tokens, but 0.71-0.79x on an Intel Xeon with AMX at 1,040-1,760 tokens: torch's flash kernel multiplies
     its blocks with MKL's fp32 GEMMs, fast on Intel and slow on AMD (likely; not profiled). Other values pass
@@ -817,7 +817,7 @@ def validate(cfg: RunConfig) -> None:
     if t.learner_autocast == "bf16" and a.align:
         raise ConfigError("train.learner_autocast='bf16' is not accepted with algo.align=true: bf16 upstream of the "
                           "aligned learner's activation quantization re-rounds its codes (SmolLM2: gradient cosine 0.78 "
-                          "to fp32, docs/benchmarks.md); choose train.learner_autocast='off' or 'bf16_backward'")
+                          "to fp32, docs/performance.md); choose train.learner_autocast='off' or 'bf16_backward'")
     _one_of("train.learner_gemm", t.learner_gemm)
     if t.learner_gemm == "onednn" and t.learner_autocast == "bf16":
         raise ConfigError("train.learner_gemm='onednn' is not accepted with train.learner_autocast='bf16' (autocast "
