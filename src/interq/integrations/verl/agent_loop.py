@@ -106,7 +106,8 @@ class InterqEnvAgentLoop(AgentLoopBase):
         env = await self.loop.run_in_executor(None, lambda: make_env(settings.env, **settings.env_kwargs))
         try:
             row = await run_env_episode(generate, env, settings, self.chat_format,
-                                        response_length=self.response_length, render=make_episode_render(settings))
+                                        response_length=self.response_length, render=make_episode_render(settings),
+                                        run_blocking=lambda fn: self.loop.run_in_executor(None, fn))
         finally:
             try:
                 env.close()

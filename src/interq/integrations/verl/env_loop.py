@@ -186,8 +186,16 @@ async def run_env_episode(
     *,
     response_length: int,
     render: Callable[..., str] | None = None,
+    run_blocking: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None,
 ) -> EpisodeRow:
-    """Play one episode of ``env`` (already built; closed by the caller) on ``settings.task``. See the module doc."""
+    """Play one episode of ``env`` (already built; closed by the caller) on ``settings.task``. See the module doc.
+
+    ``run_blocking(fn)``: how the environment's ``reset`` / ``step`` are run (verl's loop: in a worker thread, so the
+    event loop keeps serving the other episodes' generations); default: called in place."""
+
+    async def call(fn):
+        return await run_blocking(fn) if run_blocking is not None else fn()
+
     if response_length < 1:
         raise EnvLoopError(f"actor_rollout_ref.rollout.response_length must be >= 1, got {response_length}")
     render = render or make_episode_render(settings)
@@ -195,7 +203,7 @@ async def run_env_episode(
     stops = set(int(t) for t in chat_format.stop_token_ids)
     task = settings.task
     chat = chat_format.start()
-    obs = env.reset(task)
+    obs = await call(lambda: env.reset(task))
     row = EpisodeRow(prompt_ids=list(chat.observation(render(task, obs, 0, [], None))))
     history: list[tuple[str, str]] = []
     turn = 0
@@ -218,7 +226,7 @@ async def run_env_episode(
             row.turn_spans.append((start, start + len(ids)))
         text = chat.action(ids)
         parsed = _parse(env, text, obs.admissible_actions, by_index)
-        result = env.step(parsed.action)
+        result = await call(lambda: env.step(parsed.action))
         row.actions.append(parsed.action)
         row.valid.append(bool(parsed.valid and result.info.get("valid_action", True)))
         failure = result.info.get("failure")

