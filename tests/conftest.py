@@ -6,9 +6,9 @@ import torch
 
 torch.set_num_threads(int(os.environ.get("INTERQ_TEST_THREADS", "2")))
 
-# helper modules holding checks that several test files run (tests/pool_checks.py, tests/train_helpers.py): their
-# asserts report the compared values as a test's do
-pytest.register_assert_rewrite("pool_checks", "train_helpers")
+# helper modules holding checks that several test files run (tests/pool_checks.py, tests/train_helpers.py,
+# tests/ulps.py): their asserts report the compared values as a test's do
+pytest.register_assert_rewrite("pool_checks", "train_helpers", "ulps")
 
 
 @pytest.fixture(autouse=True)
