@@ -15,6 +15,9 @@ Run in an interpreter that has vLLM (``.venv-vllm``, built by ``scripts/setup_vl
    ``gate_up_proj`` scales in vLLM are compared with the converted members' concatenated scales, and the codes too
    where vLLM keeps them as a plain ``[N, K]`` / ``[K, N]`` tensor (``codes`` None: the kernel repacked them into
    its own layout, as vLLM-CPU does: ``[N, K + 4]`` bytes; the served log-probs then check them).
+4. Another sync goes through the plugin's verl worker hooks (``vllm_w8a8.patch_vllm_worker``) on a stand-in of
+   verl's worker-extension flow, the weights in 3 buckets that split each layer's q/k/v across buckets
+   (``hooked_max_abs`` against the executor on those weights, ``hooked_vs_previous_max_abs`` against the previous).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 
@@ -82,6 +86,43 @@ def vllm_logprobs(llm, ids: list[int]) -> list[float]:
                                                                            temperature=0.0), use_tqdm=False)
     plp = out[0].prompt_logprobs
     return [float(plp[i][ids[i]].logprob) for i in range(1, len(ids))]
+
+
+class WorkerExtensionFlow:
+    """verl 0.9.1's ``vLLMColocateWorkerExtension`` weight-sync flow in brief (a test double: verl cannot be
+    imported beside vLLM-CPU): ``update_weights_from_ipc`` hands each received bucket to ``_update_weights`` (which
+    calls ``model.load_weights``), then imports vLLM's ``process_weights_after_loading`` and runs it once."""
+
+    def __init__(self, model, model_config, buckets):
+        quant_config = next(mod.quant_method.quant_config for mod in model.modules()
+                            if hasattr(getattr(mod, "quant_method", None), "quant_config"))
+        self.model_runner = types.SimpleNamespace(model=model, vllm_config=types.SimpleNamespace(quant_config=quant_config))
+        self.model_config, self.buckets, self.loaded = model_config, buckets, set()
+
+    def _iter_all_models(self):
+        yield self.model_runner.model
+
+    def update_weights_from_ipc(self, peft_config=None, base_sync_done=False, use_shm=False):
+        for bucket in self.buckets:
+            self._update_weights(bucket, peft_config, base_sync_done)
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+        process_weights_after_loading(self.model_runner.model, self.model_config, None)
+
+    def _update_weights(self, weights, peft_config, base_sync_done):
+        self.loaded |= set(self.model_runner.model.load_weights(weights))
+
+
+def hooked_sync(model, model_config, buckets) -> int:
+    """One sync of ``buckets`` (bf16) through the plugin's worker hooks (``patch_vllm_worker``) on the flow above."""
+    from interq.integrations.verl import vllm_w8a8
+
+    ns = types.SimpleNamespace(vLLMColocateWorkerExtension=WorkerExtensionFlow)
+    vllm_w8a8.patch_vllm_worker(ns)
+    os.environ[vllm_w8a8.ENV_FLAG] = "1"
+    ext = WorkerExtensionFlow(model, model_config, buckets)
+    ext.update_weights_from_ipc()
+    return len(ext.loaded)
 
 
 def main() -> int:
@@ -150,6 +191,23 @@ def main() -> int:
             return out
 
         result["fused_codes_equal"] = llm.apply_model(fused)[0]
+
+        # 4. the same sync through the plugin's hooks on verl's worker-extension flow, in 3 buckets
+        newer = tiny_llama(0)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(3)
+            for p in newer.parameters():
+                if p.ndim == 2:
+                    p.add_((0.03 * torch.randn(p.shape, generator=g)).to(p.dtype))
+        ex_newer = executor_logprobs(newer, ids)
+        items = [(n, t.detach().clone()) for n, t in newer.state_dict().items()]
+        buckets = [items[i::3] for i in range(3)]  # a layer's q/k/v land in different buckets
+        t0 = time.perf_counter()
+        result["hooked_sync_loaded"] = llm.apply_model(lambda m: hooked_sync(m, model_config, buckets))[0]
+        result["hooked_sync_s"] = round(time.perf_counter() - t0, 2)
+        hooked = vllm_logprobs(llm, ids)
+        result["hooked_max_abs"] = round(max(abs(x - y) for x, y in zip(hooked, ex_newer)), 5)
+        result["hooked_vs_previous_max_abs"] = round(max(abs(x - y) for x, y in zip(hooked, ex_new)), 5)
 
     def max_abs(a, b):
         return round(max(abs(x - y) for x, y in zip(a, b)), 5)
