@@ -176,11 +176,18 @@ def test_nonfinite_updates_are_skipped_and_counted(policy_dir, where, monkeypatc
 
 
 def test_run_stops_cleanly_after_repeated_nonfinite_steps(policy_dir, tmp_path, monkeypatch, capsys):
-    from interq.algo import loss as loss_mod
+    """A finite loss whose gradient is not (an overflow in the backward) skips the update; this many steps in a row
+    stop the run (a non-finite loss stops it at once: tests/test_faults.py)."""
     from interq.cli import main
+    from interq.train import rl
 
-    orig = loss_mod.ppo_loss
-    monkeypatch.setattr(loss_mod, "ppo_loss", lambda *a, **k: (lambda out: (out[0] * float("nan"), out[1]))(orig(*a, **k)))
+    orig_init = rl.Learner.__init__
+
+    def init(self, m, *a, **k):
+        orig_init(self, m, *a, **k)
+        next(m.parameters()).register_hook(lambda g: g * float("inf"))
+
+    monkeypatch.setattr(rl.Learner, "__init__", init)
     code = main(["train", "--preset", "q-interq", "--policy", str(policy_dir), "--out", str(tmp_path / "run"), *TOY,
                  "train.steps=5", "optim.max_nonfinite_steps=2", "train.eval_every_steps=0", "train.checkpoint_every_steps=1"])
     assert code == 3

@@ -108,6 +108,13 @@ def reexec_with_allocator(argv: list[str]) -> None:
     if _MARK in os.environ:  # the exec'd process: do not exec again, whatever happened
         settle_environment()
         return
+    from interq import switches
+
+    try:
+        switches.check_environment()  # every INTERQ_* switch, before anything (interq.switches)
+    except switches.SwitchError as e:
+        print(f"interq: invalid configuration: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         wanted = choice()
     except ValueError as e:

@@ -90,9 +90,15 @@ import torch
 _SRC = Path(__file__).with_name("csrc") / "int8_kernels.cpp"
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
 _LOCK = threading.Lock()
-_STALE_LOCK_S = 900  # a build takes about a minute (several on a loaded 2-core machine)
 _STATE: dict = {"module": None, "tried": False, "reason": "not loaded yet", "build_s": None, "name": None}
-_ENABLED = {"value": os.environ.get("INTERQ_CPU_KERNELS", "1").strip().lower() not in ("0", "off", "false", "no")}
+
+def _switch_on() -> bool:
+    from interq import switches
+
+    return switches.flag("INTERQ_CPU_KERNELS")  # an unaccepted value is refused, never read as "on"
+
+
+_ENABLED = {"value": _switch_on()}
 
 
 def _cpu_flags() -> str:
@@ -140,7 +146,22 @@ PRUNE_AFTER_DAYS = 30  # builds of other sources, flags, torch versions, CPUs or
 
 
 def kernels_dir() -> Path:
-    return Path(os.environ.get("INTERQ_KERNELS_DIR", Path.home() / ".cache" / "interq" / "kernels"))
+    from interq import switches
+
+    return Path(switches.value("INTERQ_KERNELS_DIR"))
+
+
+def _unusable_dir() -> str | None:
+    """Why the kernels directory cannot hold a build (None: it can): a file, a path under a file, not writable."""
+    d = kernels_dir()
+    p = d
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        return f"{p} is a file, not a directory"
+    if not os.access(p, os.W_OK | os.X_OK):
+        return f"{p} is not writable"
+    return None
 
 
 def prune(keep: str, days: float = PRUNE_AFTER_DAYS) -> list[str]:
@@ -166,33 +187,69 @@ def prune(keep: str, days: float = PRUNE_AFTER_DAYS) -> list[str]:
 
 def _build(openmp: bool, verbose: bool):
     """-> (the build's name, the loaded module)."""
-    from torch.utils.cpp_extension import load_inline
-
     name = build_name(openmp)
     build_dir = kernels_dir() / name
     _ninja_on_path()
     build_dir.mkdir(parents=True, exist_ok=True)
-    lock = build_dir / "lock"  # torch waits for ever on the lock of a build that was killed: drop a stale one
-    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-        lock.unlink(missing_ok=True)
-    if not (build_dir / f"{name}.so").is_file():
-        print(f"[interq] compiling the int8 executor's CPU kernels into {build_dir} (once per machine, "
-              "about a minute)", file=sys.stderr, flush=True)
-    return name, load_inline(name, cpp_sources=[_SRC.read_text()],
-                             functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
-                                        "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
-                                        "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2", "int8_linear_avx2",
-                                        "has_int8_gemm_amx",
-                                        "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
-                                        "has_bf16_linear_avx2", "bf16_linear_avx2", "bf16_avx2_k_order",
-                                        "flash_decode_amx",
-                                        "torch_row_sums", "rms_norm_bf16",
-                                        "decode_attention",
-                                        "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
-                                        "uniform_f64_rows", "race_argmax", "rope_bf16", "kv_append",
-                                        "layer_attn_in", "layer_attn_out"],
-                             extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
-                             build_directory=str(build_dir), verbose=verbose)
+    with _build_lock(build_dir):
+        if not (build_dir / f"{name}.so").is_file():
+            print(f"[interq] compiling the int8 executor's CPU kernels into {build_dir} (once per machine, "
+                  "about a minute)", file=sys.stderr, flush=True)
+        return name, _load_inline(name, openmp, verbose, build_dir)
+
+
+def _build_lock(build_dir: Path):
+    """Builders of one directory take turns: each holds ``interq-build.lock`` (``flock``, released by the kernel
+    when its process ends, however it ends) while torch builds or loads. Holding it, any ``lock`` file torch's own
+    build left there belongs to a build that was killed (torch would wait on it for ever): it is removed, said in
+    one line. Waiting for a live builder is said too, with its process id."""
+    import contextlib
+    import fcntl
+
+    @contextlib.contextmanager
+    def held():
+        path = build_dir / "interq-build.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                print(f"[interq] waiting for {owner}, which is building the CPU kernels in {build_dir}",
+                      file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+            stale = build_dir / "lock"
+            if stale.exists():
+                print(f"[interq] {stale}: a kernel build lock whose owner has ended (a build was killed); taken over",
+                      file=sys.stderr, flush=True)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            os.close(fd)
+
+    return held()
+
+
+def _load_inline(name: str, openmp: bool, verbose: bool, build_dir: Path):
+    from torch.utils.cpp_extension import load_inline
+
+    return load_inline(name, cpp_sources=[_SRC.read_text()],
+                       functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
+                                  "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
+                                  "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2", "int8_linear_avx2",
+                                  "has_int8_gemm_amx",
+                                  "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
+                                  "has_bf16_linear_avx2", "bf16_linear_avx2", "bf16_avx2_k_order",
+                                  "flash_decode_amx",
+                                  "torch_row_sums", "rms_norm_bf16",
+                                  "decode_attention",
+                                  "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
+                                  "uniform_f64_rows", "race_argmax", "rope_bf16", "kv_append",
+                                  "layer_attn_in", "layer_attn_out"],
+                       extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
+                       build_directory=str(build_dir), verbose=verbose)
 
 
 def load(verbose: bool = False):
@@ -206,6 +263,12 @@ def load(verbose: bool = False):
             return _STATE["module"]
         t0 = time.perf_counter()
         failed = []
+        unusable = _unusable_dir()
+        if unusable is not None:  # said once per process; the eager ops run (the same numbers, slower)
+            _STATE.update(tried=True, module=None, reason=f"INTERQ_KERNELS_DIR={kernels_dir()}: {unusable}")
+            print(f"[interq] the CPU kernels cannot be built or loaded: {_STATE['reason']}; the eager ops run "
+                  "(the same numbers, slower)", file=sys.stderr, flush=True)
+            return None
         for openmp in (True, False):  # without OpenMP (no omp.h / libgomp to link) int8_gemm_vnni runs one thread
             try:
                 _STATE["name"], _STATE["module"] = _build(openmp, verbose)

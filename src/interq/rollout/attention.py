@@ -42,10 +42,11 @@ kernel cannot take a call (kernels not built or turned off, another device or dt
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
+
+from interq import switches
 
 NAME = "interq_sdpa_packed"
 KERNEL_NAME = "interq_packed_kernel"
@@ -104,7 +105,7 @@ def flash_decode_rows(query, key, value, attention_mask, scaling, groups: int):
 # torch's flash kernel in one call (interq's flash_decode_amx): per (G, D, thread count) whether it equals torch's
 # on the probe (None: not asked yet); "enabled": use_flash_decode
 _FLASH: dict = {
-    "enabled": os.environ.get("INTERQ_FLASH_DECODE", "1").strip().lower() not in ("0", "off", "false", "no")}
+    "enabled": switches.flag("INTERQ_FLASH_DECODE")}  # refused unless accepted
 FLASH_PROBE_LENGTHS = (1, 17, 64, 300, 513, 1100)  # one and several blocks of 512 keys, whole and partial vectors
 
 

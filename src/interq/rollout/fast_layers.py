@@ -30,7 +30,6 @@ keeps the lean forward without the one-call halves, for side-by-side timing.
 
 from __future__ import annotations
 
-import os
 import sys
 import types
 import weakref
@@ -38,13 +37,14 @@ import weakref
 import torch
 from torch import nn
 
+from interq import switches
 from interq.rollout import attention as A
 
 # whose forward (transformers 5) the lean forward reproduces: Llama's, and those with Llama's layer and MLP whose
 # attention differs from Llama's only in what _Plan reads: Qwen2 and Mistral pass a sliding window on to the attention
 # function (Qwen2's q|k|v have biases), Qwen3 also normalizes q and k per head before the rotary embedding
 LAYER_CLASSES = ("LlamaDecoderLayer", "Qwen3DecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
-_STATE = {"enabled": os.environ.get("INTERQ_FAST_LAYERS", "1").strip().lower() not in ("0", "off", "false", "no"),
+_STATE = {"enabled": switches.flag("INTERQ_FAST_LAYERS"),  # refused unless accepted
           "fused": True}
 _KNOWN_KWARGS = frozenset({"cache_position"})  # other arguments the layer may take and passes on unchanged
 

@@ -52,7 +52,7 @@ import torch
 
 from interq.train.atomic import fsync_path as _fsync_path
 from interq.train.atomic import write_text_atomic as _write_text_atomic
-from interq.train.config import RunConfig, save_config
+from interq.train.config import ConfigError, RunConfig, save_config
 
 FORMAT = 2  # 1: no manifest, numpy RNG state pickled as an ndarray (still read)
 MANIFEST = "manifest.json"
@@ -63,6 +63,10 @@ _STEP_DIR = re.compile(r"^(?:\.replaced_)?step_(\d+)(?:_.*)?$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint is incomplete or corrupted; the message names its path and what is missing or wrong."""
+
+
+class SaveError(ConfigError):
+    """A checkpoint could not be written (disk full, I/O error); the previous ones are intact. One line."""
 
 
 def _stderr(msg: str) -> None:
@@ -146,8 +150,18 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
                               for p in files}}
         _write_text_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
         _fsync_path(tmp)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (OSError, RuntimeError)) and not isinstance(e, CheckpointError) and not isinstance(e, ConfigError):
+            # a full disk, a quota, an I/O error (torch says "unexpected pos"): one line, the previous checkpoint kept
+            try:
+                free = f"{shutil.disk_usage(ckdir).free / 2**20:.0f} MiB free there now"
+            except OSError:
+                free = "free space unknown"
+            why = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:160]
+            raise SaveError(f"checkpoint of step {step} could not be written to {ckdir} ({why}; {free}); nothing of it "
+                            "was kept and the previous checkpoints are intact. Free space, then run the same command "
+                            "again to resume") from None
         raise
     if final.exists():  # moved aside, not deleted: until the new one is in place it stays a fallback
         os.replace(final, ckdir / f".replaced_{final.name}_{secrets.token_hex(4)}")
@@ -231,11 +245,22 @@ def load_checkpoint(path: str | Path, model, optimizer=None, restore_rng: bool =
     state = _read(path, "state.json", lambda p: json.loads(p.read_text()))
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise CheckpointError(f"checkpoint {path} is corrupted: state.json holds no integer 'step'")
+    own = model.state_dict()
+    wrong = [f"{k} {list(v.shape)} (the model's: {list(own[k].shape)})" for k, v in weights.items()
+             if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    tie = getattr(model.config, "tie_word_embeddings", False)
+    absent = [k for k in own if k not in weights and not ("lm_head" in k and tie)]
+    foreign = [k for k in weights if k not in own]
+    if absent or foreign:
+        raise CheckpointError(f"checkpoint {path} does not match the model: missing {absent[:3]}, unexpected {foreign[:3]}")
+    if wrong:  # checked before anything is copied: a checkpoint of another model changes nothing
+        raise CheckpointError(f"checkpoint {path} does not match the model: {len(wrong)} tensors of other shapes "
+                              f"({'; '.join(wrong[:2])})")
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # tied embeddings are saved once; anything else missing is an error
     tied = {k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)}, unexpected {unexpected}")
+        raise CheckpointError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)}, unexpected {unexpected}")
     if optimizer is not None:
         optimizer.load_state_dict(opt_state)
     if rng is not None:
@@ -295,6 +320,91 @@ def resume_checkpoint(run_dir: str | Path, model, optimizer=None, log: Callable[
         return state
     if tried:
         log(f"[resume] no complete checkpoint in {Path(run_dir) / 'checkpoints'} (skipped: {', '.join(tried)}); "
+            f"the run starts over from step 0")
+    return None
+
+
+def _run_dir_error():
+    from interq.rundir import RunDirError
+
+    return RunDirError
+
+
+class ResumeError(_run_dir_error()):
+    """A run cannot be resumed without losing a record; the message says the exact command that recomputes it."""
+
+
+def _steps_text(steps: list[int]) -> str:
+    runs, start = [], None
+    for i, s in enumerate(steps):
+        if start is None:
+            start = s
+        if i + 1 == len(steps) or steps[i + 1] != s + 1:
+            runs.append(str(start) if start == s else f"{start}-{s}")
+            start = None
+    return ", ".join(runs[:6]) + (", ..." if len(runs) > 6 else "")
+
+
+def resume_run(run_dir: str | Path, model, optimizer, first_step: int, repair: str,
+               log: Callable[[str], Any] = _stderr) -> dict | None:
+    """Resume a run without losing a record: load the newest complete checkpoint (step ``s``) for which
+    ``metrics.jsonl`` holds a record of every step ``first_step .. s`` (``first_step``: 0 when step 0's evaluation
+    is logged, else 1), and rewrite the log to hold exactly those records, once each; return its state.
+
+    A line that is not a record (torn at a crash or edited), anywhere in the log, is dropped and said; the steps
+    whose records are lost are then recomputed by resuming from the newest checkpoint before them (a run is
+    deterministic: the same numbers). When no checkpoint precedes a lost record, :class:`ResumeError` says so and
+    gives ``repair`` (the command that recomputes the run from step 0); nothing was changed. None when the run has
+    no complete checkpoint (it starts over, as :func:`resume_checkpoint`)."""
+    from interq.train.logging import scan_jsonl, write_records
+
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    records, bad = scan_jsonl(metrics)
+    have: dict[int, dict] = {}
+    for r in records:
+        if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool):
+            have[r["step"]] = r  # a step recorded twice keeps its last record (the attempt its checkpoint came from)
+    tried, gaps = [], []
+    for p in _candidates(run_dir):
+        step = _step_of(p)
+        try:
+            check_checkpoint(p, need_optimizer=optimizer is not None)
+        except CheckpointError as e:
+            log(f"[resume] {e}; skipped, trying the previous checkpoint")
+            tried.append(p.name)
+            continue
+        lost = [k for k in range(first_step, (step or 0) + 1) if k not in have]
+        if lost:
+            gaps.append((p, lost))
+            tried.append(p.name)
+            continue
+        try:
+            state = load_checkpoint(p, model, optimizer)
+        except CheckpointError as e:
+            log(f"[resume] {e}; skipped, trying the previous checkpoint")
+            tried.append(p.name)
+            continue
+        s = state["step"]
+        keep = [have[k] for k in range(first_step, s + 1)]
+        if bad:
+            log(f"[resume] {metrics}: {'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}: dropped")
+        if gaps:
+            log(f"[resume] {metrics} lacks the records of steps {_steps_text(gaps[0][1])}: resuming from {p} (step "
+                f"{s}), the newest checkpoint before them; the later steps are computed again (the same numbers)")
+        elif tried:
+            log(f"[resume] resuming from {p} (step {s}), the newest complete checkpoint (skipped: {', '.join(tried)})")
+        if keep != records:
+            write_records(metrics, keep)
+        return state
+    if gaps:
+        p, lost = gaps[0]
+        why = f"{len(bad)} damaged lines, " if bad else ""
+        raise ResumeError(f"{metrics} lacks the records of steps {_steps_text(lost)} ({why}lost or edited) and no "
+                          f"checkpoint of {run_dir} comes before them, so resuming would leave them out; nothing was "
+                          f"changed. Recompute the run from step 0 (deterministic: the same numbers) with: {repair}")
+    if tried:
+        log(f"[resume] no complete checkpoint in {run_dir / 'checkpoints'} (skipped: {', '.join(tried)}); "
             f"the run starts over from step 0")
     return None
 

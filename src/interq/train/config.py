@@ -217,6 +217,11 @@ class WarmStartConfig:
     episodes_per_microbatch: int = _f(16, "Demonstration episodes per gradient-accumulation micro-batch.",
                                       bounds=POSITIVE)
     seed: int = _f(0, "Seed of the demonstrations' noise and of the fine-tuning's batch order.", allowed="any integer")
+    tokens_per_microbatch: int = _f(0, "Padded tokens (rows x longest row) per forward of the fine-tuning; the "
+                                    "episodes of a step are accumulated over as many forwards as this needs, each "
+                                    "decoder layer recomputed in the backward for a pretrained model (0: auto, "
+                                    "no limit for model.source=tiny, 4096 for a pretrained checkpoint).",
+                                    bounds=NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
@@ -744,6 +749,7 @@ def validate(cfg: RunConfig) -> None:
     _bounded("warm_start.lr", w.lr)
     _bounded("warm_start.observation_weight", w.observation_weight)
     _bounded("warm_start.episodes_per_microbatch", w.episodes_per_microbatch)
+    _bounded("warm_start.tokens_per_microbatch", w.tokens_per_microbatch)
 
     r = cfg.rollout
     _one_of("rollout.executor", r.executor)

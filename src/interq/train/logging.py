@@ -102,6 +102,39 @@ class RunLogger:
             self._tb.close()
 
 
+def write_records(path: str | Path, records: list[dict]) -> None:
+    """Replace a JSONL file by ``records``, atomically (temporary file fsynced, renamed, directory fsynced)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def scan_jsonl(path: str | Path) -> tuple[list[dict], list[str]]:
+    """Every readable record of a JSONL file, and a description of each line that is not one (any line: torn at a
+    crash, edited by hand); ``([], [])`` where there is no file."""
+    p = Path(path)
+    if not p.is_file():
+        return [], []
+    out, bad = [], []
+    for i, ln in enumerate(p.read_text(errors="replace").split("\n")):
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+            if not isinstance(rec, dict):
+                raise ValueError(f"a JSON {type(rec).__name__}, not an object")
+        except ValueError:
+            bad.append(f"line {i + 1} ({len(ln)} characters) is not a JSON record")
+            continue
+        out.append(rec)
+    return out, bad
+
+
 def read_jsonl(path: str | Path, on_torn: Callable[[str], Any] | None = None) -> list[dict]:
     """The records of a JSONL file ([] if there is none). A last line that is not a JSON object (half-written at a
     crash, or still being written by a running process) is left out and described to ``on_torn``; any other

@@ -31,15 +31,26 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, 
     :class:`~interq.train.provenance.StaleResultError` before any work, or with ``fresh`` it is moved aside and
     made again.
     """
+    from interq import rundir
+
+    if cfg.model.source != "tiny":  # the checkpoint to fine-tune, checked before any work
+        from interq.train.policy import check_policy_dir
+
+        check_policy_dir(cfg.model.source, "model.source")
+    with rundir.scope("sft", [out_dir]):
+        return _prepare_policy(cfg, Path(out_dir), fresh, log)
+
+
+def _prepare_policy(cfg: RunConfig, out_dir: Path, fresh: bool, log) -> tuple[Path, dict]:
     import tempfile
 
     from interq.train.build import (agent_render, chat_format, collect_demos, demo_answer, demo_rows, demo_texts,
                                     env_factory, split_tasks)
-    from interq.train.policy import build_tiny_policy, describe_policy, load_policy, save_policy
+    from interq.train.config import NonFiniteTrainingError
+    from interq.train.policy import build_tiny_policy, describe_policy, load_policy, nonfinite_parameters, save_policy
     from interq.train.provenance import settle, warm_start_differences, write_warm_start_provenance
-    from interq.train.sft import run_sft
+    from interq.train.sft import resolve_tokens_per_microbatch, run_sft
 
-    out_dir = Path(out_dir)
     settle([(out_dir, warm_start_differences(cfg, out_dir))], fresh, log)
     if (out_dir / "policy_summary.json").is_file():
         return out_dir, json.loads((out_dir / "policy_summary.json").read_text())
@@ -78,7 +89,15 @@ def prepare_policy(cfg: RunConfig, out_dir: str | Path, *, fresh: bool = False, 
                 log(f"[warm start] step {step + 1}/{w.steps} loss {m['loss']:.3f} ({time.perf_counter() - t0:.0f}s)")
             last[0] = m["loss"]
 
-        summary.update(run_sft(model, rows, w, fmt.pad_token_id, progress))
+        pretrained = cfg.model.source != "tiny"
+        summary.update(run_sft(model, rows, w, fmt.pad_token_id, progress,
+                               tokens_per_microbatch=resolve_tokens_per_microbatch(w, pretrained),
+                               checkpoint_layers=pretrained))
+        bad = nonfinite_parameters(model)
+        if bad:  # a finite last loss can still leave weights that are not: never saved, never trained on
+            raise NonFiniteTrainingError(f"the warm start diverged: after {w.steps} steps {len(bad)} weight tensors "
+                                         f"hold NaN or infinite values ({', '.join(bad[:3])}; warm_start.lr={w.lr:g}); "
+                                         f"nothing was saved to {out_dir}. Lower warm_start.lr")
     summary["seconds"] = time.perf_counter() - t0
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.{os.getpid()}."))
@@ -122,7 +141,28 @@ def _pid_alive(pid: int) -> bool:
 
 
 def run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | None = None, *, resume: bool = True,
-                 fresh: bool = False, log=print) -> list[dict]:
+                 fresh: bool = False, log=print, force: bool = False) -> list[dict]:
+    """Warm start (unless ``policy_dir`` is given) then RL; everything under ``run_dir`` (see :func:`_run_training`).
+
+    Before any work: ``run_dir`` is checked (a file, not writable, holding files a run does not write: refused,
+    the last unless ``force``) and locked for this process (:mod:`interq.rundir`), and the starting policy
+    directory (``policy_dir``, or a ``model.source`` directory) is checked file by file
+    (:func:`interq.train.policy.check_policy_dir`). Peak memory is said at the end."""
+    from interq import rundir
+    from interq.train.policy import check_policy_dir
+
+    if policy_dir is not None:
+        check_policy_dir(policy_dir, "--policy")
+    elif cfg.model.source != "tiny":
+        check_policy_dir(cfg.model.source, "model.source")
+    with rundir.scope("train", [run_dir], force=force):
+        recs = _run_training(cfg, run_dir, policy_dir, resume=resume, fresh=fresh, log=log)
+        log(f"[run] {Path(run_dir)}: {rundir.peak_memory_line()}")
+        return recs
+
+
+def _run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | None = None, *, resume: bool = True,
+                  fresh: bool = False, log=print) -> list[dict]:
     """Warm start (unless ``policy_dir`` is given) then RL; everything under ``run_dir``.
 
     Before any work, the warm start ``run_dir/warm_start`` and the run in ``run_dir`` are checked against ``cfg``
@@ -151,7 +191,8 @@ def run_training(cfg: RunConfig, run_dir: str | Path, policy_dir: str | Path | N
         torch.set_num_threads(cfg.train.threads)
     if policy_dir is None:
         policy_dir, summary = prepare_policy(cfg, run_dir / "warm_start", log=log)
-        log(f"[warm start] policy {summary['policy']} in {summary.get('seconds', 0):.0f}s")
+        log(f"[warm start] policy {summary['policy']} in {summary.get('seconds', 0):.0f}s"
+            + (f" (peak memory {summary['sft/peak_rss_mib']:.0f} MiB)" if "sft/peak_rss_mib" in summary else ""))
     model, tokenizer = load_policy(policy_dir, cfg.model.dtype)
     make_env = env_factory(cfg.env)
     env_info: dict = {}

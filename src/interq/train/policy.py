@@ -109,28 +109,180 @@ def build_tiny_policy(cfg: ModelConfig, texts: Iterable[str], seed: int = 0):
     return model, tokenizer
 
 
+class NonFiniteWeightsError(ConfigError):
+    """A model's weights hold NaN or infinite values: never saved, never loaded."""
+
+
+def nonfinite_parameters(model) -> list[str]:
+    """Names of the parameters (and buffers) holding a NaN or an infinity."""
+    bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+    bad += [n for n, b in model.named_buffers() if b.is_floating_point() and not bool(torch.isfinite(b).all())]
+    return bad
+
+
+def _nonfinite_message(bad: list[str]) -> str:
+    return f"{len(bad)} tensors hold NaN or infinite values ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+
+
 def save_policy(model, tokenizer, path: str | Path) -> Path:
-    """Write ``model.safetensors`` + ``config.json`` + ``tokenizer.json`` into ``path`` (created)."""
+    """Write ``model.safetensors`` + ``config.json`` + ``tokenizer.json`` into ``path`` (created). Weights that are
+    not all finite are refused (:class:`NonFiniteWeightsError`) before anything is written."""
     path = Path(path)
+    bad = nonfinite_parameters(model)
+    if bad:
+        raise NonFiniteWeightsError(f"{path}: not saved: the weights are not finite: {_nonfinite_message(bad)}")
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
 
 
-def load_policy(source: str | Path, dtype: str = "float32"):
-    """(model, tokenizer) from a checkpoint directory, or ``"smollm2"`` for the offline SmolLM2-135M."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one of them, with tokenizer_config.json
 
+
+def _safetensors_header(path: Path) -> dict:
+    """The tensor table of a safetensors file, checked against the file's length: {name: (dtype, shape)}. Raises
+    :class:`ConfigError` for a file that is unreadable, not safetensors, or shorter than its header says."""
+    import struct
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ConfigError(f"{path}: not a safetensors file ({size} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8 or n > 100_000_000:
+                raise ConfigError(f"{path}: truncated or not a safetensors file (its header claims {n} bytes; the "
+                                  f"file has {size})")
+            table = json.loads(f.read(n))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ConfigError(f"{path}: not a safetensors file (its header is not JSON)") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: not a safetensors file (its header is not a table)")
+    out, end = {}, 0
+    for name, rec in table.items():
+        if name == "__metadata__":
+            continue
+        try:
+            out[name] = (rec["dtype"], tuple(int(x) for x in rec["shape"]))
+            end = max(end, int(rec["data_offsets"][1]))
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise ConfigError(f"{path}: not a safetensors file (tensor {name!r} has no dtype, shape or offsets)") from None
+    if 8 + n + end > size:
+        raise ConfigError(f"{path}: truncated: {size} bytes, its tensors need {8 + n + end} (an interrupted copy or "
+                          "save?)")
+    return out
+
+
+def check_policy_dir(source: str | Path, what: str = "policy") -> Path:
+    """Check a policy directory before any work: ``config.json`` a transformers config, every tensor the model
+    expects present in its safetensors with the right shape (tied embeddings aside), no file truncated, a tokenizer
+    there. Raises :class:`ConfigError` with one line naming the file and what is wrong; returns the directory.
+    ``source``: a directory or ``"smollm2"``. (Finite weights are checked when they are loaded: :func:`load_policy`.)"""
     if str(source) == "smollm2":
         from interq.models.pretrained import smollm2_dir
 
         source = smollm2_dir()
     path = Path(source)
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"model.source={str(source)!r}: no config.json there; expected a transformers checkpoint directory")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    if not path.is_dir():
+        raise ConfigError(f"{what} {path}: {'a file, not a directory' if path.exists() else 'no such directory'}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"{what} {path}: no config.json there; expected a transformers checkpoint directory")
+    try:
+        raw = json.loads(cfg_file.read_text())
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{cfg_file}: not a valid JSON config ({' '.join(str(e).split())[:120]})") from None
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        mcfg = AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - whatever transformers raises for an unusable config: one line
+        raise ConfigError(f"{cfg_file}: not a usable transformers config ({' '.join(str(e).split())[:160]})") from None
+    weights = path / "model.safetensors"
+    index = path / "model.safetensors.index.json"
+    tables: dict[str, tuple] = {}
+    if weights.is_file():
+        tables = _safetensors_header(weights)
+    elif index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ConfigError(f"{index}: not a valid safetensors index") from None
+        for shard in shards:
+            if not (path / shard).is_file():
+                raise ConfigError(f"{what} {path}: shard {shard} named in {index.name} is missing")
+            tables.update(_safetensors_header(path / shard))
+    else:
+        raise ConfigError(f"{what} {path}: no model.safetensors (nor model.safetensors.index.json) there")
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(mcfg)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"{cfg_file}: transformers cannot build a causal LM from it ({' '.join(str(e).split())[:160]})") from None
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    tied = bool(getattr(mcfg, "tie_word_embeddings", False)) or bool(getattr(mcfg.get_text_config(), "tie_word_embeddings", False))
+    missing = [k for k in expected if k not in tables and not (tied and "lm_head" in k)]
+    # a tensor transformers stores in another layout (Qwen3-MoE's experts: one tensor per expert on disk, fused in
+    # the model) has other names under the same module: left to the load's own report (load_policy)
+    missing = [k for k in missing if not any(t.startswith(k.rsplit(".", 1)[0] + ".") for t in tables)]
+    if missing:
+        raise ConfigError(f"{weights if weights.is_file() else index}: {len(missing)} tensors the model needs are "
+                          f"missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); a damaged or "
+                          "foreign policy")
+    wrong = [f"{k} {list(tables[k][1])} (expected {list(v)})" for k, v in expected.items()
+             if k in tables and tables[k][1] != v]
+    if wrong:
+        raise ConfigError(f"{weights if weights.is_file() else index}: {len(wrong)} tensors have other shapes than "
+                          f"config.json gives ({'; '.join(wrong[:2])}{'; ...' if len(wrong) > 2 else ''}); weights of "
+                          "another model")
+    extra = [k for k in tables if k not in expected
+             and not any(e.startswith(k.rsplit(".", 3)[0] + ".") for e in expected)]  # same converted layouts
+    if extra:
+        raise ConfigError(f"{weights if weights.is_file() else index}: {len(extra)} tensors the model does not have "
+                          f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}); weights of another model")
+    if not any((path / n).is_file() for n in TOKENIZER_FILES):
+        raise ConfigError(f"{what} {path}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)})")
+    tcfg = path / "tokenizer_config.json"
+    if not tcfg.is_file():
+        raise ConfigError(f"{what} {path}: no tokenizer_config.json there")
+    try:
+        json.loads(tcfg.read_text())
+        if (path / "tokenizer.json").is_file():
+            json.loads((path / "tokenizer.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} {path}: its tokenizer files are not valid JSON ({' '.join(str(e).split())[:120]})") from None
+    return path
+
+
+def load_policy(source: str | Path, dtype: str = "float32"):
+    """(model, tokenizer) from a checkpoint directory, or ``"smollm2"`` for the offline SmolLM2-135M.
+
+    The directory is checked first (:func:`check_policy_dir`), and the loaded weights must all be finite: anything
+    else is :class:`ConfigError` with one line naming the file (nothing is re-initialised in silence)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = check_policy_dir(source, "model.source")
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), output_loading_info=True)
+    except Exception as e:  # noqa: BLE001 - checked above; whatever is left is said in one line
+        raise ConfigError(f"policy {path}: the weights cannot be loaded ({' '.join(str(e).split())[:200]})") from None
+    missing = [k for k in info.get("missing_keys", ()) if not ("lm_head" in k and getattr(model.config, "tie_word_embeddings", False))]
+    if missing or info.get("mismatched_keys"):
+        raise ConfigError(f"policy {path}: the weights do not match config.json (missing {missing[:3]}, other shapes "
+                          f"{list(info.get('mismatched_keys', ()))[:3]})")
+    bad = nonfinite_parameters(model)
+    if bad:
+        raise NonFiniteWeightsError(f"policy {path}: refused: {_nonfinite_message(bad)}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"policy {path}: the tokenizer cannot be loaded ({' '.join(str(e).split())[:200]})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

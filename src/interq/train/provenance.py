@@ -126,7 +126,9 @@ def warm_start_inputs(cfg: RunConfig) -> dict[str, Any]:
                                                "max_turns", "show_admissible", "action_format")}
     if e.prompt != "compact":  # recorded only off its default, so warm starts made before the field stay reusable
         env["env.prompt"] = e.prompt
-    return _plain({**model, **env, **{f"warm_start.{k}": v for k, v in to_dict(cfg.warm_start).items()},
+    ws = {f"warm_start.{k}": v for k, v in to_dict(cfg.warm_start).items()
+          if not (k == "tokens_per_microbatch" and v == 0 and m.source == "tiny")}  # tiny: 0 is the old numerics
+    return _plain({**model, **env, **ws,
                    "algo.layout": cfg.algo.layout, "rollout.history_turns": cfg.rollout.history_turns})
 
 

@@ -493,7 +493,8 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     """
     from interq.rollout import RolloutEngine
     from interq.train.build import build_executor, chat_format, env_runner
-    from interq.train.checkpoint import discard_checkpoints, resume_checkpoint, save_checkpoint
+    from interq.rundir import command_line
+    from interq.train.checkpoint import discard_checkpoints, resume_run, save_checkpoint
     from interq.train.logging import RunLogger, read_jsonl
     from interq.train.provenance import StaleResultError, run_differences, stale_message, write_run_record
 
@@ -513,7 +514,9 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     executor = build_executor(model, cfg.rollout)
     learner = Learner(model, cfg, executor.qcfg)
     start = 0
-    ck = resume_checkpoint(run_dir, model, learner.optimizer) if resume else None  # newest complete checkpoint
+    # the newest complete checkpoint whose every earlier step has its record (else an older one, or a refusal)
+    ck = resume_run(run_dir, model, learner.optimizer, 0 if t.eval_every_steps else 1,
+                    f"{command_line()} --no-resume") if resume else None
     if ck is not None:
         start = ck["step"]
         executor.sync(model)
@@ -569,6 +572,11 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
                 rec.update(evaluate(engine, fmt, make_env, eval_tasks, cfg, envs))
                 rec["time/eval"] = time.perf_counter() - te
             logger.log(rec)
+            if not math.isfinite(rec.get("loss/policy", 0.0)):  # the forward itself: no later step can be better
+                raise NonFiniteTrainingError(
+                    f"{run_dir}: stopped at step {step}: its policy loss is {rec['loss/policy']} (a non-finite forward: "
+                    "the weights, the batch's log-probs or the learning rate); its non-finite updates were skipped, "
+                    "its record is the last in metrics.jsonl, and no checkpoint was written after the previous one")
             if bad_in_a_row >= cfg.optim.max_nonfinite_steps:
                 raise NonFiniteTrainingError(
                     f"{run_dir}: {bad_in_a_row} steps in a row (to step {step}) had a non-finite loss or gradient; their "

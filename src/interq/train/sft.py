@@ -74,14 +74,63 @@ def token_nll(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, acti
     return -logp[is_action].sum(), int(is_action.sum()), obs, int((~is_action).sum())
 
 
+PRETRAINED_TOKENS_PER_MICROBATCH = 4096  # warm_start.tokens_per_microbatch=0 (auto) for a pretrained checkpoint
+
+
+def resolve_tokens_per_microbatch(cfg: WarmStartConfig, pretrained: bool) -> int:
+    """``warm_start.tokens_per_microbatch``, ``0`` (auto) resolved: no limit (0) for a policy built from the config,
+    :data:`PRETRAINED_TOKENS_PER_MICROBATCH` for a pretrained checkpoint."""
+    if cfg.tokens_per_microbatch:
+        return cfg.tokens_per_microbatch
+    return PRETRAINED_TOKENS_PER_MICROBATCH if pretrained else 0
+
+
+def pack_rows(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Split row positions ``0..n-1`` (in order) into micro-batches whose rows x longest row stays <= ``budget``
+    padded tokens (a row longer than the budget alone); ``budget`` 0: one micro-batch."""
+    if budget <= 0:
+        return [list(range(len(lengths)))]
+    out: list[list[int]] = []
+    cur: list[int] = []
+    width = 0
+    for i, n in enumerate(lengths):
+        w = max(width, n)
+        if cur and (len(cur) + 1) * w > budget:
+            out.append(cur)
+            cur, w = [], n
+        cur.append(i)
+        width = w
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _counts(row: tuple[list[int], list[bool]]) -> tuple[int, int]:
+    """(action tokens, observation tokens) that :func:`token_nll` scores in a row (every position after the first)."""
+    ids, mask = row
+    acts = sum(1 for m in mask[1: len(ids)] if m)
+    return acts, max(len(ids) - 1, 0) - acts
+
+
 def run_sft(
     model,
     rows: Sequence[tuple[list[int], list[bool]]],
     cfg: WarmStartConfig,
     pad_id: int,
     progress: Callable[[int, dict], None] | None = None,
+    tokens_per_microbatch: int = 0,
+    checkpoint_layers: bool = False,
 ) -> dict:
-    """Train ``model`` in place on rendered demos; returns a summary (final loss, seconds, tokens)."""
+    """Train ``model`` in place on rendered demos; returns a summary (final loss, seconds, tokens, peak memory).
+
+    Each step draws ``warm_start.episodes_per_microbatch`` rows; they are one forward when ``tokens_per_microbatch``
+    is 0 or they fit it, else they are split (in order) into forwards of at most that many padded tokens whose
+    gradients are accumulated into the one optimizer step: the loss is the same mean over the step's tokens.
+    ``checkpoint_layers``: each decoder layer's activations are recomputed in the backward (less memory, the same
+    gradients). A loss that is not finite stops the fine-tuning at once (:class:`NonFiniteTrainingError`, naming the
+    step): nothing is saved from it."""
+    from interq.train.config import NonFiniteTrainingError
+
     if not rows:
         raise ValueError("run_sft: no demonstration rows (warm_start.num_demos must be > 0)")
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -89,32 +138,61 @@ def run_sft(
     warmup = max(1, cfg.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / max(1, cfg.steps))))
+    if checkpoint_layers:
+        from interq.train.rl import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
     model.train()
     t0 = time.time()
     losses: list[float] = []
     obs_losses: list[float] = []
     tokens = 0
+    forwards = 0
     weight = cfg.observation_weight
     bs = min(cfg.episodes_per_microbatch, len(rows))
-    for step in range(cfg.steps):
-        idx = torch.randperm(len(rows), generator=gen)[:bs].tolist()
-        ids, att, act = pad_rows([rows[i] for i in idx], pad_id)
-        nll, n, obs_nll, n_obs = token_nll(model, ids, att, act, observations=weight > 0)
-        loss = nll / max(n, 1) + weight * obs_nll / max(n_obs, 1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(nll.detach()) / max(n, 1))
-        obs_losses.append(float(obs_nll.detach()) / max(n_obs, 1))
-        tokens += n
-        if progress is not None:
-            progress(step, {"loss": losses[-1], "observation_loss": obs_losses[-1]})
+    try:
+        for step in range(cfg.steps):
+            idx = torch.randperm(len(rows), generator=gen)[:bs].tolist()
+            picked = [rows[i] for i in idx]
+            counts = [_counts(r) for r in picked]
+            n_all, n_obs_all = sum(c[0] for c in counts), sum(c[1] for c in counts)
+            opt.zero_grad(set_to_none=True)
+            nll_sum, obs_sum, n_seen = 0.0, 0.0, 0
+            for part in pack_rows([len(r[0]) for r in picked], tokens_per_microbatch):
+                ids, att, act = pad_rows([picked[i] for i in part], pad_id)
+                nll, n, obs_nll, n_obs = token_nll(model, ids, att, act, observations=weight > 0)
+                loss = nll / max(n_all, 1) + weight * obs_nll / max(n_obs_all, 1)
+                loss.backward()
+                forwards += 1
+                nll_sum += float(nll.detach())
+                obs_sum += float(obs_nll.detach())
+                n_seen += n
+            losses.append(nll_sum / max(n_all, 1))
+            obs_losses.append(obs_sum / max(n_obs_all, 1))
+            if not (math.isfinite(losses[-1]) and math.isfinite(obs_losses[-1])):
+                what = "action" if not math.isfinite(losses[-1]) else "observation"
+                raise NonFiniteTrainingError(
+                    f"the warm start diverged: its {what} loss is {losses[-1] if what == 'action' else obs_losses[-1]} "
+                    f"at step {step + 1}/{cfg.steps} (warm_start.lr={cfg.lr:g}); nothing was saved. Lower "
+                    "warm_start.lr")
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            tokens += n_seen
+            if progress is not None:
+                progress(step, {"loss": losses[-1], "observation_loss": obs_losses[-1]})
+    finally:
+        if checkpoint_layers:
+            from interq.train.rl import enable_activation_checkpointing
+
+            enable_activation_checkpointing(model, False)
     model.eval()
     k = max(1, len(losses) // 10)
+    from interq.rundir import peak_rss_mib
+
     out = {"sft/steps": cfg.steps, "sft/final_loss": sum(losses[-k:]) / k, "sft/seconds": time.time() - t0,
-           "sft/action_tokens": tokens, "sft/rows": len(rows)}
+           "sft/action_tokens": tokens, "sft/rows": len(rows), "sft/forwards": forwards,
+           "sft/tokens_per_microbatch": tokens_per_microbatch, "sft/peak_rss_mib": round(peak_rss_mib(), 1)}
     if weight > 0:
         out["sft/final_observation_loss"] = sum(obs_losses[-k:]) / k
     return out
