@@ -140,9 +140,11 @@ elif [ "$SMOL" != 1 ]; then
   echo 'RESULT {"verl_status": "skipped: no SmolLM2"}' | tee -a "$LOG"
 else
   t0=$(date +%s)
-  say "verl: int8 reload into a live vLLM engine"
-  timeout 300 "$VPY" tests/vllm_reload_check.py >>"$VLOG" 2>&1 || status=1
-  grep -E '^RESULT ' "$VLOG" | tail -1 | sed 's/^RESULT /RESULT reload /' | cut -c1-600 | tee -a "$LOG"
+  for kv in none int8; do  # int8: vLLM's int8_per_token_head KV cache (GPU, Triton attention)
+    say "verl: int8 reload into a live vLLM engine (KV $kv)"
+    timeout 240 "$VPY" tests/vllm_reload_check.py --kv "$kv" >>"$VLOG" 2>&1 || status=1
+    grep -E '^RESULT ' "$VLOG" | tail -1 | sed "s/^RESULT /RESULT reload_kv_$kv /" | cut -c1-700 | tee -a "$LOG"
+  done
   model_dir=$("$VPY" -c "from interq.models.pretrained import smollm2_dir; print(smollm2_dir())" 2>>"$VLOG")
   data="$RUNS/verl_data"
   mkdir -p "$data"
