@@ -98,13 +98,14 @@ def _env_available(name: str) -> str | None:
     import importlib.util
     import shutil
 
+    hint = "INTERQ_VENV=.venv-verl scripts/setup.sh dev verl alfworld scienceworld"
     if name == "alfworld" and importlib.util.find_spec("alfworld") is None:
-        return "the alfworld extra is not installed in this venv (scripts/setup.sh ... alfworld)"
+        return f"could not import 'alfworld': the alfworld extra is not in this venv ({hint})"
     if name == "scienceworld":
         if importlib.util.find_spec("scienceworld") is None:
-            return "the scienceworld extra is not installed in this venv (scripts/setup.sh ... scienceworld)"
+            return f"could not import 'scienceworld': the scienceworld extra is not in this venv ({hint})"
         if shutil.which("java") is None:
-            return "ScienceWorld needs Java"
+            return "ScienceWorld needs Java (java -version fails)"
     return None
 
 
