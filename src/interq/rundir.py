@@ -358,7 +358,7 @@ def scope(command: str, directories: Iterable[str | Path] = (), force: bool = Fa
     dirs = [Path(d) for d in directories]
     outer = _SCOPE["depth"] == 0 or _SCOPE.get("pid") != os.getpid()
     if outer:
-        _SCOPE.update(depth=0, command=command, dirs=[], pid=os.getpid(), argv=argv)
+        _SCOPE.update(depth=0, command=command, dirs=[], pid=os.getpid(), argv=argv, entered=[])
         switches.check_environment()
     for d in dirs:
         if check and not _covered(Path(os.path.abspath(d))):
@@ -390,7 +390,24 @@ def scope(command: str, directories: Iterable[str | Path] = (), force: bool = Fa
         for d in reversed(taken):
             release(d)
         if outer:
-            _SCOPE.update(depth=0, dirs=[], argv=None)
+            for d in reversed(_SCOPE.get("entered", [])):
+                release(d)
+            _SCOPE.update(depth=0, dirs=[], argv=None, entered=[])
+
+
+def enter(directory: str | Path, command: str, force: bool = False) -> None:
+    """Inside a :func:`scope` whose directory was known only later (``mismatch``'s default ``--out`` depends on the
+    config): check and lock ``directory`` until the scope ends."""
+    if _SCOPE["depth"] == 0 or _SCOPE.get("pid") != os.getpid():
+        raise RuntimeError("rundir.enter() outside a rundir.scope()")
+    d = Path(directory)
+    if not _covered(Path(os.path.abspath(d))):
+        check_out(d, command, force)
+    if acquire(d, command_line()):
+        _SCOPE["entered"].append(d)
+    else:
+        release(d)  # a re-entrant hold: given back at once, the outer holder keeps it
+    _SCOPE["dirs"].append(d)
 
 
 def command(name: str, default_out: str | None = None) -> Callable:

@@ -106,6 +106,7 @@ POSITIVE_OR_INF = Bounds(0, low_open=True, inf_ok=True)
 NON_NEGATIVE_OR_INF = Bounds(0, inf_ok=True)
 UNIT = Bounds(0, 1)
 BITS = Bounds(4, 8)
+SEED = Bounds(-(2**20), 2**20)  # the episode and per-turn seeds derived from it stay within torch's 64-bit seeds
 ADAM_BETA = Bounds(0, 0.999999)
 
 
@@ -216,7 +217,7 @@ class WarmStartConfig:
                                    bounds=NON_NEGATIVE)
     episodes_per_microbatch: int = _f(16, "Demonstration episodes per gradient-accumulation micro-batch.",
                                       bounds=POSITIVE)
-    seed: int = _f(0, "Seed of the demonstrations' noise and of the fine-tuning's batch order.", allowed="any integer")
+    seed: int = _f(0, "Seed of the demonstrations' noise and of the fine-tuning's batch order.", bounds=SEED)
     tokens_per_microbatch: int = _f(0, "Padded tokens (rows x longest row) per forward of the fine-tuning; the "
                                     "episodes of a step are accumulated over as many forwards as this needs, each "
                                     "decoder layer recomputed in the backward for a pretrained model (0: auto, "
@@ -331,7 +332,7 @@ class TrainConfig:
     checkpoint_every_steps: int = _f(5, "Save a resumable checkpoint every N steps and at the last step (0: never).",
                                      bounds=NON_NEGATIVE)
     seed: int = _f(0, "Seed of RL's task sampling and episode seeds, and of the tiny policy's initialisation.",
-                   allowed="any integer")
+                   bounds=SEED)
     threads: int = _f(0, "Threads torch computes with (torch.set_num_threads; 0: leave torch's choice).", bounds=NON_NEGATIVE)
     device: str = _f("cpu", "Where learner and executor run: cpu, cuda, or auto (cuda when a GPU is visible); the "
                      "warm start stays on the CPU.", choices=DEVICES)
@@ -622,7 +623,8 @@ def build_config(preset: str | None = None, overrides: list[str] | None = None, 
     over = _deep_merge(extra or {}, parse_overrides(overrides) if overrides else {})
     env_over = over.get("env") if isinstance(over.get("env"), dict) else {}
     target = env_preset_for(preset, env_over.get("name"))
-    data: dict = load_preset(preset, rebase={ARM_BASE: target} if target else None) if preset else {}
+    # an empty name is refused by load_preset (it is not "no preset": that is None)
+    data: dict = load_preset(preset, rebase={ARM_BASE: target} if target else None) if preset is not None else {}
     if target and "name" not in over and isinstance(data.get("name"), str):
         data["name"] = f"{data['name']}-{target}"
     if extra:
@@ -750,6 +752,7 @@ def validate(cfg: RunConfig) -> None:
     _bounded("warm_start.observation_weight", w.observation_weight)
     _bounded("warm_start.episodes_per_microbatch", w.episodes_per_microbatch)
     _bounded("warm_start.tokens_per_microbatch", w.tokens_per_microbatch)
+    _bounded("warm_start.seed", w.seed)
 
     r = cfg.rollout
     _one_of("rollout.executor", r.executor)
@@ -803,6 +806,7 @@ def validate(cfg: RunConfig) -> None:
 
     t = cfg.train
     _bounded("train.steps", t.steps)
+    _bounded("train.seed", t.seed)
     _bounded("train.tasks_per_step", t.tasks_per_step)
     _bounded("train.episodes_per_task", t.episodes_per_task)
     if a.advantage in ("grpo", "gigpo") and t.episodes_per_task < 2:

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from interq.rundir import command as _writes_run
 from interq.train.config import ARMS, ConfigError, build_config
 
 # Settings of the demo: small enough for <= 15 minutes on a shared 2-core CPU (measured in docs/results.md).
@@ -611,6 +612,7 @@ def _common_args(p: argparse.ArgumentParser, out: str) -> None:
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides applied to every arm (after the built-in ones)")
 
 
+@_writes_run("demo", "runs/demo")  # --out checked and locked before any work (interq.rundir)
 def demo_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="interq demo", description="warm start, then short RL runs of bf16 and q-interq on "
                                 "household; prints a table, writes a plot, ends with RESULT {json}")
@@ -665,6 +667,7 @@ def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+@_writes_run("compare", "runs/compare")  # --out checked and locked before any work (interq.rundir)
 def compare_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="interq compare", description="the five arms (or --arms) over several seeds and "
                                 "executor regimes; markdown table with 95%% intervals, paired differences, learning "
@@ -699,6 +702,10 @@ def compare_main(argv: list[str]) -> int:
         seeds = [int(s) for s in _csv(args.seeds)]
     except ValueError:
         print(f"interq compare: --seeds={args.seeds!r}: expected comma-separated integers", file=sys.stderr)
+        return 2
+    if not seeds or not arms:  # nothing to train: never a warm start and an empty table over the last one
+        print(f"interq compare: --{'seeds' if not seeds else 'arms'}={args.seeds if not seeds else args.arms!r}: "
+              "expected at least one", file=sys.stderr)
         return 2
     if args.jobs < 1:
         print(f"interq compare: --jobs={args.jobs}: expected an integer >= 1", file=sys.stderr)

@@ -31,10 +31,12 @@ from pathlib import Path
 
 import torch
 
+from interq import rundir
 from interq.machine import describe, load_avg, machine_info
 from interq.train import rl
 from interq.train.config import ConfigError, RunConfig, build_config, save_config
 from interq.train.experiments import REGIMES, SETTINGS
+from interq.train.policy import check_policy_dir
 
 # ---------------------------------------------------------------------------------------------- the profile
 
@@ -279,6 +281,7 @@ def _fail(msg: str) -> None:
     raise SystemExit(2)
 
 
+@rundir.command("mismatch")  # --out is checked and locked below, once the config names it
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="interq mismatch",
@@ -317,8 +320,17 @@ def main(argv: list[str]) -> int:
         cfg = build_config(args.preset, overrides)
     except ConfigError as e:
         _fail(str(e))
-    if args.policy is not None and not (Path(args.policy) / "config.json").is_file():
-        _fail(f"--policy={args.policy!r}: not a policy directory (no config.json there)")
+    if args.policy is None and (cfg.model.source == "tiny" or (cfg.warm_start.enabled and cfg.warm_start.steps > 0)):
+        print(f"[mismatch] no --policy: this first warm-starts {cfg.model.source} ({cfg.warm_start.steps} steps of "
+              f"fine-tuning into <out>/warm_start, reused when made from the same inputs), then measures; --policy DIR "
+              "measures a policy as it is", flush=True)
+    try:
+        if args.policy is not None:
+            check_policy_dir(args.policy, "--policy")
+        elif cfg.model.source != "tiny":
+            check_policy_dir(cfg.model.source, "model.source")
+    except ConfigError as e:
+        _fail(str(e))
     from interq.train.build import env_factory, split_tasks
 
     try:
@@ -334,6 +346,7 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(cfg.train.threads)
     machine = machine_info()  # interq.machine's record at the start; load_avg_end and wall_s at the end
     out = Path(args.out or f"runs/mismatch/{cfg.name}")
+    rundir.enter(out, "mismatch", args.force)  # refused before any work if unusable or another writer's
     out.mkdir(parents=True, exist_ok=True)
     if args.policy is not None:
         policy = args.policy

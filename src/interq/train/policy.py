@@ -187,11 +187,12 @@ def check_policy_dir(source: str | Path, what: str = "policy") -> Path:
 
         source = smollm2_dir()
     path = Path(source)
+    label = f"{what}={str(path)!r}"
     if not path.is_dir():
-        raise ConfigError(f"{what} {path}: {'a file, not a directory' if path.exists() else 'no such directory'}")
+        raise ConfigError(f"{label}: {'a file, not a directory' if path.exists() else 'no such directory'}")
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise ConfigError(f"{what} {path}: no config.json there; expected a transformers checkpoint directory")
+        raise ConfigError(f"{label}: no config.json there; expected a transformers checkpoint directory")
     try:
         raw = json.loads(cfg_file.read_text())
         if not isinstance(raw, dict):
@@ -216,10 +217,10 @@ def check_policy_dir(source: str | Path, what: str = "policy") -> Path:
             raise ConfigError(f"{index}: not a valid safetensors index") from None
         for shard in shards:
             if not (path / shard).is_file():
-                raise ConfigError(f"{what} {path}: shard {shard} named in {index.name} is missing")
+                raise ConfigError(f"{label}: shard {shard} named in {index.name} is missing")
             tables.update(_safetensors_header(path / shard))
     else:
-        raise ConfigError(f"{what} {path}: no model.safetensors (nor model.safetensors.index.json) there")
+        raise ConfigError(f"{label}: no model.safetensors (nor model.safetensors.index.json) there")
     try:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(mcfg)
@@ -247,16 +248,16 @@ def check_policy_dir(source: str | Path, what: str = "policy") -> Path:
         raise ConfigError(f"{weights if weights.is_file() else index}: {len(extra)} tensors the model does not have "
                           f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}); weights of another model")
     if not any((path / n).is_file() for n in TOKENIZER_FILES):
-        raise ConfigError(f"{what} {path}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)})")
+        raise ConfigError(f"{label}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)})")
     tcfg = path / "tokenizer_config.json"
     if not tcfg.is_file():
-        raise ConfigError(f"{what} {path}: no tokenizer_config.json there")
+        raise ConfigError(f"{label}: no tokenizer_config.json there")
     try:
         json.loads(tcfg.read_text())
         if (path / "tokenizer.json").is_file():
             json.loads((path / "tokenizer.json").read_text())
     except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{what} {path}: its tokenizer files are not valid JSON ({' '.join(str(e).split())[:120]})") from None
+        raise ConfigError(f"{label}: its tokenizer files are not valid JSON ({' '.join(str(e).split())[:120]})") from None
     return path
 
 
