@@ -8,12 +8,19 @@ Draws use one ``torch.Generator`` per episode and the exponential race
 ``argmax(p / E), E ~ Exp(1)`` (an exact sample from ``p``; tokens of probability 0 are never drawn).
 Each draw consumes exactly ``V`` numbers from the episode's own generator, so an episode's tokens do not
 depend on which other episodes share the batch (nor on the threads that draw the rows: ``exponential_race``).
+
+Logits on another device (a GPU) draw there, by a counter-based generator (:func:`device_race`): Philox4x32-10
+keyed by the episode (its generator's seed) and counting the episode's draws and the vocabulary, computed by
+integer tensor ops on the logits' device. No [rows, vocab] tensor crosses to the host per token, and an episode's
+tokens still depend on its seed and draw index only, never on its batch. The CPU path is unchanged (its numbers are
+the recorded runs'); the two paths draw different numbers from the same seeds.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -144,6 +151,72 @@ def exponential_race(generators: Sequence[torch.Generator], vocab: int) -> torch
     return u.clamp_min_(_TINY).log_().neg_().float()  # [N, V] fp32; E = -log U
 
 
+# Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011): 10 rounds of two 32x32-bit
+# multiplies and xors over a 4-word counter under a 2-word key, the key bumped by the Weyl constants each round
+_PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+_PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+_MASK32 = 0xFFFFFFFF
+_DRAWS: "weakref.WeakKeyDictionary[torch.Generator, int]" = weakref.WeakKeyDictionary()  # device draws per generator
+
+
+def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit words of ``a * m`` for 32-bit ``a`` (int64 tensor) and constant ``m``, without leaving int64:
+    ``m`` in 16-bit halves, every partial product below 2^49."""
+    p_lo = a * (m & 0xFFFF)  # < 2^48
+    t = a * (m >> 16) + (p_lo >> 16)  # < 2^49: the product >> 16
+    return t >> 16, ((t & 0xFFFF) << 16) | (p_lo & 0xFFFF)
+
+
+def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor], rounds: int = 10):
+    """Philox4x32 of four 32-bit counter words under two 32-bit key words (int64 tensors holding values in
+    [0, 2^32), broadcast together) -> four 32-bit output words (int64). Pure integer ops: the same words on any
+    device (tested against the published known-answer vectors)."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for r in range(rounds):
+        if r:
+            k0, k1 = (k0 + _PHILOX_W[0]) & _MASK32, (k1 + _PHILOX_W[1]) & _MASK32
+        hi0, lo0 = _mulhilo(c0, _PHILOX_M[0])
+        hi1, lo1 = _mulhilo(c2, _PHILOX_M[1])
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def counter_uniforms(seeds: Sequence[int], draws: Sequence[int], vocab: int,
+                     device: torch.device | str) -> torch.Tensor:
+    """U [N, vocab] float64 in [0, 1) on ``device`` (53-bit grid): row i from Philox4x32-10 under the key ``seeds[i]``
+    (its two 32-bit halves) with the counter (column pair, draw ``draws[i]``'s two 32-bit halves, 0): each counter
+    gives two uniforms of 53 bits (27 + 26 bits of two words, as mt19937's ``genrand_res53``). A row depends only on
+    its seed and draw index."""
+    n, half = len(seeds), (vocab + 1) // 2
+    if n != len(draws):
+        raise ValueError(f"counter_uniforms: {n} seeds but {len(draws)} draw indices")
+    meta = torch.tensor([[s & _MASK32, (s >> 32) & _MASK32, d & _MASK32, (d >> 32) & _MASK32]
+                         for s, d in zip(seeds, draws)], dtype=torch.int64).to(device)  # [N, 4]: one small copy
+    col = torch.arange(half, dtype=torch.int64, device=device)[None, :]  # [1, V/2]
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    w0, w1, w2, w3 = philox4x32((col, meta[:, 2:3], meta[:, 3:4], zero), (meta[:, 0:1], meta[:, 1:2]))  # [N, V/2]
+    scale = 2.0 ** -53
+    u0 = ((w0 >> 5) * 67108864 + (w1 >> 6)).double() * scale  # [N, V/2]
+    u1 = ((w2 >> 5) * 67108864 + (w3 >> 6)).double() * scale
+    return torch.stack((u0, u1), dim=-1).reshape(n, 2 * half)[:, :vocab]  # [N, V]
+
+
+def device_race(generators: Sequence[torch.Generator], vocab: int, device: torch.device | str,
+                draws: Sequence[int] | None = None) -> torch.Tensor:
+    """E ~ Exp(1) [N, vocab] fp32 on ``device`` from :func:`counter_uniforms` keyed by each generator's seed
+    (``initial_seed()``) and its draw index: ``draws`` where given, else how many device draws this process has made
+    with that generator (counted here, then advanced by one). E = -log U as :func:`exponential_race` (U = 0 as the
+    smallest positive double). The generators' own states are not used or advanced."""
+    if draws is None:
+        draws = []
+        for g in generators:  # a generator named for two rows draws for them in row order
+            draws.append(_DRAWS.get(g, 0))
+            _DRAWS[g] = draws[-1] + 1
+    u = counter_uniforms([g.initial_seed() for g in generators], draws, vocab, device)
+    return u.clamp_min_(_TINY).log_().neg_().float()  # [N, V]
+
+
 def _kernels():
     """interq's compiled CPU kernels when they load and have ``uniform_f64_rows`` (built once per machine, by
     ``scripts/setup.sh`` ahead), else None: the draw stays torch's own."""
@@ -156,20 +229,25 @@ def _kernels():
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, generators: Sequence[torch.Generator]
+    logits: torch.Tensor, params: SamplingParams, generators: Sequence[torch.Generator],
+    device_draw: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. logits [N, V] -> (tokens [N] long, behavior_logprobs [N] fp32).
 
-    Row i draws with ``generators[i]`` only. Greedy (temperature 0) draws nothing and returns log-prob 0.
+    Row i draws with ``generators[i]`` only: on the CPU from its state, on another device by :func:`device_race`
+    (its seed and draw count); ``device_draw=True`` takes the latter on the CPU too (tests). Greedy (temperature 0)
+    draws nothing and returns log-prob 0.
     """
     if logits.ndim != 2 or logits.shape[0] != len(generators):
         raise ValueError(f"logits must be [N, V] with N == len(generators) ({len(generators)}), got {tuple(logits.shape)}")
     if params.greedy:
         tokens = logits.float().argmax(dim=-1)  # [N]
-        return tokens, torch.zeros(tokens.shape, dtype=torch.float32)
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     logp = transformed_logprobs(logits, params.temperature, params.top_k, params.top_p)  # [N, V]
     probs = logp.exp()  # [N, V]
-    race = exponential_race(generators, probs.shape[-1])  # [N, V]
+    on_device = probs.device.type != "cpu" if device_draw is None else device_draw  # drawn where the logits are
+    race = (device_race(generators, probs.shape[-1], probs.device) if on_device
+            else exponential_race(generators, probs.shape[-1]))  # [N, V]
     mod = _kernels() if probs.device.type == "cpu" else None
     if (mod is not None and hasattr(mod, "race_argmax") and race.device == probs.device
             and probs.dtype == race.dtype == torch.float32 and probs.is_contiguous() and race.is_contiguous()):
