@@ -152,6 +152,9 @@ else
     --num-tasks 64 --max-turns 8 >>"$VLOG" 2>&1
   "$VPY" -m interq.integrations.verl.dataset --env household --split valid_seen --out "$data/household_val.parquet" \
     --num-tasks 16 --max-turns 8 >>"$VLOG" 2>&1
+  # SmolLM2's end of turn is <|im_end|>; a tokenizer converted from the GGUF may name another eos_token
+  printf '%s\n' '- name: interq_env' '  _target_: interq.integrations.verl.agent_loop.InterqEnvAgentLoop' \
+    '  stop_tokens: ["<|im_end|>"]' > "$data/agent_loops.yaml"
   say "verl: two trainer steps (household, SmolLM2, w8a8_int8 + int8 KV, q-interq); model $model_dir"
   ( export VERL_ENGINE_VENDOR=interq INTERQ_VERL_ALIGN=w8a8_int8_kv_int8
     timeout 420 "$VPY" -m verl.trainer.main_ppo \
@@ -164,6 +167,7 @@ else
       actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
       actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
       actor_rollout_ref.rollout.agent.default_agent_loop=interq_env \
+      actor_rollout_ref.rollout.agent.agent_loop_config_path="$data/agent_loops.yaml" \
       actor_rollout_ref.rollout.quantization=w8a8_int8 actor_rollout_ref.rollout.load_format=dummy \
       +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=int8_per_token_head \
       actor_rollout_ref.rollout.calculate_log_probs=true \

@@ -528,3 +528,30 @@ def test_bad_extra_info_is_a_clear_error():
         settings_from_extra_info({"env": "household", "split": "train", "task_id": "x", "max_turns": 0})
     with pytest.raises(EnvLoopError, match="env_kwargs must be a JSON object"):
         settings_from_extra_info({"env": "household", "split": "train", "task_id": "x", "env_kwargs": "{bad"})
+
+
+def test_agent_loop_from_a_config_file_entry_as_verl_instantiates_it(tmp_path, chatml_tokenizer):
+    """An ``agent_loop_config_path`` entry with the loop's options, instantiated the way verl's worker does (hydra,
+    with verl's keyword arguments and the entry's ``name``)."""
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from interq.integrations.verl.env_loop import EnvLoopError
+
+    path = tmp_path / "loops.yaml"
+    path.write_text("- name: interq_env\n  _target_: interq.integrations.verl.agent_loop.InterqEnvAgentLoop\n"
+                    "  chat_format: hf\n  stop_tokens: ['<|im_end|>', '<|im_start|>']\n")
+    (entry,) = OmegaConf.load(path)
+    cfg = _verl_config(512, 1024)
+    kw = dict(trainer_config=DictConfigWrap(cfg), server_manager=None, tokenizer=chatml_tokenizer, processor=None,
+              hf_model_type=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
+              tools=ToolListWrap([]))
+    loop = hydra.utils.instantiate(config=entry, **kw)
+    ids = [chatml_tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|im_start|>")]
+    assert tuple(loop.chat_format.stop_token_ids) == tuple(ids) and loop.response_length == 1024
+    bad = OmegaConf.create({**OmegaConf.to_container(entry), "stop_tokens": ["<|nope|>"]})
+    with pytest.raises(Exception, match=r"stop_tokens=\['<\|nope\|>'\]: stop token .* not in the tokenizer") as e:
+        hydra.utils.instantiate(config=bad, **kw)  # hydra wraps the loop's EnvLoopError
+    assert isinstance(e.value.__cause__ or e.value, EnvLoopError) or "EnvLoopError" in str(e.value)
