@@ -3,7 +3,7 @@ right object but did not place it / never took anything), plus the expert's succ
 
     .venv/bin/python scripts/household_failures.py POLICY_DIR [key.sub=value ...]
 
-Uses the demo's settings (``interq.train.experiments.DEMO_OVERRIDES``) plus the overrides; plays the evaluation
+Uses the small index-answer settings (``interq.train.experiments.STUDY_BASE_OVERRIDES``) plus the overrides; plays the evaluation
 split with the trainer's own rollout (bf16 executor) at T = 0.5 and 1.0 with the evaluation seeds.
 """
 
@@ -16,14 +16,14 @@ from interq.agent.loop import make_render
 from interq.rollout import RolloutEngine
 from interq.train.build import build_executor, chat_format, collect_demos, env_factory, split_tasks
 from interq.train.config import build_config
-from interq.train.experiments import DEMO_OVERRIDES
+from interq.train.experiments import STUDY_BASE_OVERRIDES
 from interq.train.policy import load_policy
 from interq.train.rl import rollout, sampling_params
 
 
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
-    cfg = build_config("household", [*DEMO_OVERRIDES, *argv[1:]])
+    cfg = build_config("household", [*STUDY_BASE_OVERRIDES, *argv[1:]])
     make_env = env_factory(cfg.env)
     _, tasks = split_tasks(make_env, cfg.env)
     demos = collect_demos(make_env, tasks, len(tasks), 0.0, 0, cfg.env.max_turns, "per_turn", 1, make_render(True, True), True)

@@ -25,10 +25,16 @@ def test_demo_prints_table_plot_and_result(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), *TOY]) == 0
     res = _result(capsys.readouterr().out)
     for arm in ("bf16", "q-interq"):
-        assert set(res[arm]) == {"success_before", "success_after", "wall_s", "learner_forward_passes_per_step"}
-        assert res[arm]["learner_forward_passes_per_step"] == 1.0
+        assert set(res[arm]) == {"success_before", "success_after", "gain_ci95", "eval_episodes", "wall_s",
+                                 "learner_forward_passes_per_step"}
+        assert res[arm]["learner_forward_passes_per_step"] == 1.0 and res[arm]["eval_episodes"] == 2
+        lo, hi = res[arm]["gain_ci95"]  # after minus before on the same held-out episodes
+        assert lo <= res[arm]["success_after"] - res[arm]["success_before"] <= hi
     assert (tmp_path / "demo.png").is_file() and (tmp_path / "demo.md").is_file()
-    assert res["regime"] == "natural" and "Regime `natural`" in (tmp_path / "demo.md").read_text()
+    md = (tmp_path / "demo.md").read_text()
+    assert res["regime"] == "natural" and "Regime `natural`" in md and "docs/results.md" in md
+    # the toy environment is not the setting the shipped warm start was made for: the demo made its own
+    assert res["warm_start"] == "made" and not (tmp_path / "warm_start" / "shipped_from.txt").exists()
 
 
 def test_demo_in_the_matched_regime_runs_the_w4a4_kv4_executor(tmp_path, capsys):

@@ -86,10 +86,10 @@ def test_a_warm_started_policy_plays_identical_episodes_in_both_engines(tmp_path
     pytest.importorskip("textworld")
     pytest.importorskip("alfworld.info")
     from interq.train.config import build_config
-    from interq.train.experiments import DEMO_OVERRIDES
+    from interq.train.experiments import STUDY_BASE_OVERRIDES
     from interq.train.pipeline import prepare_policy
 
-    cfg = build_config("household", [*DEMO_OVERRIDES, "warm_start.num_demos=32", "warm_start.steps=40",
+    cfg = build_config("household", [*STUDY_BASE_OVERRIDES, "warm_start.num_demos=32", "warm_start.steps=40",
                                      "warm_start.episodes_per_microbatch=16", "env.num_eval_tasks=6",
                                      "train.eval_temperature=1.0"])
     policy, _ = prepare_policy(cfg, tmp_path / "policy", log=lambda *_: None)

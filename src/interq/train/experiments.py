@@ -25,9 +25,10 @@ from pathlib import Path
 from interq.rundir import command as _writes_run
 from interq.train.config import ARMS, ConfigError, build_config
 
-# Settings of the demo: small enough for <= 15 minutes on a shared 2-core CPU (measured in docs/results.md).
-DEMO_OVERRIDES = [
-    # on top of the household preset (which holds the measured learning settings: docs/results.md)
+# The base of the comparison study's settings (``study``, ``study-1k``, ``study-index`` below), on top of the household
+# preset (which holds the measured learning settings: docs/results.md). The study's runs were made from these exact
+# lists: a change here changes what their ``--setting`` resolves to.
+STUDY_BASE_OVERRIDES = [
     "env.task_types=pick_and_place",
     # small rooms; 600 valid_unseen tasks of which 100 are pick_and_place: a held-out set of 100 task instances
     "env.env_kwargs={size: small, split_sizes: {valid_unseen: 600}}",
@@ -43,7 +44,7 @@ DEMO_OVERRIDES = [
     "train.threads=1",  # a shared 2-core machine: 2 OpenMP threads stall each other under load
 ]
 
-# The comparison study (issue 11, docs/results.md "The study"), on top of the demo's settings: held-out task instances
+# The comparison study (docs/results.md "The study"), on top of STUDY_BASE_OVERRIDES: held-out task instances
 # of the rooms seen in training (ALFWorld's valid_seen; 200 pick_and_place instances, one episode each), evaluated
 # at the rollout temperature (the policy RL trains), groups of 8 episodes, GiGPO at lr 3e-4, 200 steps. Measured in
 # docs/results.md ("Learning settings") before it was fixed here: lr 1e-3 eroded held-out success, 20-turn
@@ -73,9 +74,15 @@ STUDY_OVERRIDES = [*STUDY_INDEX_OVERRIDES, "env.action_format=text", "rollout.ma
 # the effects the study asks about; over 1,000 about 0.015.
 STUDY_1K_OVERRIDES = [*STUDY_OVERRIDES, "env.env_kwargs={size: small, split_sizes: {valid_seen: 6600, valid_unseen: 600}}",
                       "env.num_eval_tasks=1000", "train.eval_every_steps=50"]
-SETTINGS = {"demo": DEMO_OVERRIDES, "study": [*DEMO_OVERRIDES, *STUDY_OVERRIDES],
-            "study-1k": [*DEMO_OVERRIDES, *STUDY_1K_OVERRIDES],
-            "study-index": [*DEMO_OVERRIDES, *STUDY_INDEX_OVERRIDES], "none": []}
+# Settings of ``interq demo``: the study's text setting (4-layer policy writing its actions, 200 held-out valid_seen
+# instances at T = 1, GiGPO at lr 3e-4, groups of 8) cut to DEMO_STEPS steps, starting from the warm start shipped in
+# interq/policies/household_text (made from exactly these settings; ``interq demo --warm-start`` makes it again).
+DEMO_STEPS = 60
+DEMO_OVERRIDES = [*STUDY_BASE_OVERRIDES, *STUDY_OVERRIDES, f"train.steps={DEMO_STEPS}", "train.eval_every_steps=10",
+                  f"train.checkpoint_every_steps={DEMO_STEPS}"]
+SETTINGS = {"demo": DEMO_OVERRIDES, "study": [*STUDY_BASE_OVERRIDES, *STUDY_OVERRIDES],
+            "study-1k": [*STUDY_BASE_OVERRIDES, *STUDY_1K_OVERRIDES],
+            "study-index": [*STUDY_BASE_OVERRIDES, *STUDY_INDEX_OVERRIDES], "none": []}
 
 # Executor regimes of the comparison study (issue 11 item 4). ``natural``: the arms' own W8A8-KV8 executor.
 # ``matched``: a W4A4-KV4 executor, whose mismatch profile on the tiny household policy (per-token |delta|, growth of
@@ -90,13 +97,10 @@ REGIMES: dict[str, list[str]] = {
 }
 REGIME_EXECUTORS = {"natural": "W8A8-KV8", "matched": "W4A4-KV4 (mismatch matched to a warm-started SmolLM2's W8A8-KV8)"}
 # What the comparison study found (docs/results.md, "The study"); the demo prints it beside its own table.
-DEMO_FINDING = ("The comparison study (docs/results.md section 4; 3 seeds, 200 steps) separates the arms only in its "
-                "text-action setting under the matched W4A4-KV4 executor, after 100-200 steps: the arms whose learner "
-                "runs the executor's quantization (q-align, q-interq) end 14-16 points above q-tis and q-naive, and "
-                "q-interq is not separated from q-align, nor from its own variants (budgets 0.1 to none, a uniform share, the "
-                "raw prefix ratio: section 4c); under the natural W8A8-KV8 executor no arm separates (section 4b). "
-                "This 10-minute demo (action numbers, 20 steps) cannot show that: read it "
-                "as the loop running end to end, not as evidence for or against InterQ.")
+DEMO_FINDING = ("The full study (docs/results.md: this setting, 3 seeds x 200 steps, 200 held-out episodes each): under "
+                "a W4A4-KV4 executor the arms whose learner runs the executor's quantization (q-align, q-interq) end "
+                "14-16 points above q-naive and q-tis, and q-interq is not separated from q-align; under the W8A8-KV8 "
+                "executor no arm separates.")
 
 
 _CHECKED_ENVS: set[str] = set()  # env configs already checked against the env in this process
@@ -612,42 +616,138 @@ def _common_args(p: argparse.ArgumentParser, out: str) -> None:
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides applied to every arm (after the built-in ones)")
 
 
+DEMO_POLICY = Path(__file__).resolve().parent.parent / "policies" / "household_text"
+"""The demo's warm start, shipped with the package: made by ``interq demo --warm-start-only`` from DEMO_OVERRIDES
+(its README says how; a test checks that its recorded inputs are what the demo's settings make)."""
+_SHIPPED_MARK = "shipped_from.txt"  # in <out>/warm_start: this warm start is a copy of DEMO_POLICY
+
+
+def _demo_warm_start(base, out: Path, make: bool, log=print) -> str:
+    """Put the demo's warm start in ``out/warm_start`` before :func:`run_arms` looks there. -> where it comes from:
+    ``shipped`` (a copy of :data:`DEMO_POLICY`, made from ``base``'s warm-start inputs by this code's numerics),
+    ``made`` (run_arms makes it: ``make``, or the shipped one was made from other inputs), or ``kept`` (a warm
+    start already there, which run_arms reuses or refuses)."""
+    import os
+    import shutil
+    import tempfile
+
+    from interq.train.provenance import move_aside, warm_start_differences
+
+    ws = out / "warm_start"
+    if ws.is_dir() and any(ws.iterdir()):
+        if not (ws / _SHIPPED_MARK).is_file():
+            return "kept"
+        if not make:
+            return "shipped"
+        dest = move_aside(ws)
+        log(f"[warm start] --warm-start: the shipped copy in {ws} moved aside to {dest}")
+    if make:
+        return "made"
+    differences = warm_start_differences(base, DEMO_POLICY)
+    if not (DEMO_POLICY / "policy_summary.json").is_file() or differences:
+        log(f"[warm start] the shipped policy {DEMO_POLICY} was not made from these settings "
+            f"({', '.join(differences) or 'missing'}): making the warm start (several minutes)")
+        return "made"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".warm_start."))
+    try:
+        for f in DEMO_POLICY.iterdir():
+            if f.is_file() and f.suffix != ".md":
+                shutil.copyfile(f, tmp / f.name)
+        (tmp / _SHIPPED_MARK).write_text(f"{DEMO_POLICY}\n")
+        if ws.exists():
+            ws.rmdir()  # empty
+        os.replace(tmp, ws)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"[warm start] the shipped policy {DEMO_POLICY.name} (made from these settings; --warm-start makes it again)")
+    return "shipped"
+
+
+def _gain(recs: list[dict]) -> dict | None:
+    """Final minus first held-out success of one run, paired: episode i is the same task and sampling seed at every
+    evaluation (:func:`interq.train.rl.evaluate`), so the interval resamples tasks
+    (:func:`interq.train.stats.paired_difference`). None when the outcomes were not logged."""
+    from interq.train.stats import paired_difference
+
+    evals = [r for r in recs if isinstance(r.get("eval/outcomes"), str) and r["eval/outcomes"]]
+    if len(evals) < 2 or len(evals[0]["eval/outcomes"]) != len(evals[-1]["eval/outcomes"]):
+        return None
+    first, last = ([int(c) for c in r["eval/outcomes"]] for r in (evals[0], evals[-1]))
+    res = paired_difference([last], [first])
+    return {"diff": round(res["diff"], 4), "ci95": [round(x, 4) for x in res["ci95"]], "episodes": len(first),
+            "steps": [evals[0]["step"], evals[-1]["step"]]}
+
+
 @_writes_run("demo", "runs/demo")  # --out checked and locked before any work (interq.rundir)
 def demo_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="interq demo", description="warm start, then short RL runs of bf16 and q-interq on "
-                                "household; prints a table, writes a plot, ends with RESULT {json}")
+    p = argparse.ArgumentParser(prog="interq demo", description="short RL runs of bf16 and q-interq side by side in the "
+                                "comparison study's household setting, from the warm start shipped with interq; prints "
+                                "a table, writes plots, ends with RESULT {json}")
     _common_args(p, "runs/demo")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--regime", default="natural", choices=sorted(REGIMES), help="executor regime of the quantized arm: "
                    "natural (W8A8-KV8, default) or matched (W4A4-KV4, the study's realistic-mismatch regime)")
+    p.add_argument("--jobs", type=int, default=2, help="arms trained at the same time, one process each (default: 2)")
+    p.add_argument("--warm-start", action="store_true", help="make the warm start from the demo's settings (SFT on "
+                   "expert demos, several minutes) instead of copying the one shipped with interq")
+    p.add_argument("--warm-start-only", action="store_true", help="make the warm start into <out>/warm_start and stop "
+                   "(how the shipped one was made: see interq/policies/household_text/README.md)")
     args = p.parse_args(argv)
     if args.help_config is not None:
         from interq.train.cli_args import print_config_help
 
         return print_config_help(args.help_config)
+    if args.jobs < 1:
+        print(f"interq demo: --jobs={args.jobs}: expected an integer >= 1", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     out = Path(args.out)
     overrides = [*DEMO_OVERRIDES, *args.overrides]
     arms = ["bf16", "q-interq"]
-    res = run_arms(arms, [args.seed], overrides, out, fresh=args.fresh, regimes=[args.regime])
+    base = _load("household", overrides)
+    if args.warm_start_only:
+        from interq.train.pipeline import prepare_policy
+
+        policy_dir, summary = prepare_policy(base, out / "warm_start", fresh=args.fresh)
+        print(json.dumps({"policy_dir": str(policy_dir), **summary}, default=str))
+        return 0
+    plan_runs(arms, [args.seed], overrides, [args.regime])  # every arm's config checked before anything is written
+    origin = _demo_warm_start(base, out, args.warm_start)
+    res = run_arms(arms, [args.seed], overrides, out, fresh=args.fresh, regimes=[args.regime], jobs=args.jobs)
     out.mkdir(parents=True, exist_ok=True)  # (after run_arms: an invalid configuration leaves nothing behind)
     summary = summarize(res["runs"], args.threshold)
-    regime = f"Regime `{args.regime}`: q-interq's executor is {REGIME_EXECUTORS[args.regime]}. {DEMO_FINDING}\n\n"
-    table = regime + markdown_table(summary, args.threshold)
+    gains = {arm: _gain(seed_runs[0]) for arm, seed_runs in res["runs"].items()}
+    executor = REGIME_EXECUTORS.get(args.regime, " ".join(REGIMES[args.regime]))
+    steps = base.train.steps
+    lines = [f"Regime `{args.regime}`: q-interq's executor is {executor}. {steps} RL steps from the "
+             f"{'shipped ' if origin == 'shipped' else ''}warm start, {base.train.tasks_per_step} tasks x "
+             f"{base.train.episodes_per_task} episodes a step, seed {args.seed}.\n"]
+    for arm, g in gains.items():
+        if g:
+            lines.append(f"- {arm}: held-out success {summary[arm]['success_before']:.3f} -> "
+                         f"{summary[arm]['success_final_mean']:.3f}, {g['diff']:+.3f} (95% CI [{g['ci95'][0]:+.3f}, "
+                         f"{g['ci95'][1]:+.3f}], the same {g['episodes']} task instances and sampling seeds at step "
+                         f"{g['steps'][0]} and {g['steps'][1]})")
+    table = "\n".join(lines) + "\n\n" + markdown_table(summary, args.threshold) + f"\n{DEMO_FINDING}\n"
     (out / "demo.md").write_text(table)
     plot_curves(res["runs"], out / "demo.png", "demo")
     budget = _load("q-interq", overrides).algo.budget
     plot_mismatch(res["runs"], out / "mismatch.png", budget)
     total = time.perf_counter() - t0
     print(table)
-    print(f"plots: {out / 'demo.png'}, {out / 'mismatch.png'}; warm start {res['warm_start_s']:.0f}s; total {total:.0f}s")
-    result = {"total_wall_s": round(total, 1), "warm_start_s": round(res["warm_start_s"], 1), "regime": args.regime,
-              "policy_parameters": res["policy"]["policy"]["parameters"]}
+    print(f"plots: {out / 'demo.png'}, {out / 'mismatch.png'}; warm start: {origin} ({res['warm_start_s']:.0f}s); "
+          f"total {total:.0f}s")
+    result = {"total_wall_s": round(total, 1), "warm_start": origin, "warm_start_s": round(res["warm_start_s"], 1),
+              "regime": args.regime, "steps": steps, "policy_parameters": res["policy"]["policy"]["parameters"]}
     for arm, s in summary.items():
         result[arm] = {"success_before": round(s["success_before"], 4), "success_after": round(s["success_final_mean"], 4),
+                       "gain_ci95": gains[arm]["ci95"] if gains[arm] else None, "eval_episodes": s["eval_episodes"],
                        "wall_s": round(s["wall_s"], 1),
                        "learner_forward_passes_per_step": round(s["learner_forward_passes_per_step"], 3)}
-    (out / "summary.json").write_text(json.dumps({"summary": summary, "result": result}, indent=1, default=str))
+    (out / "summary.json").write_text(json.dumps({"summary": summary, "gains": gains, "result": result}, indent=1,
+                                                 default=str))
     print("RESULT " + json.dumps(result, sort_keys=True))
     return 0
 
