@@ -20,7 +20,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # room -> (layer, the module-name prefixes it holds). A module may import its own room and the rooms of lower layers;
 # an import of a room in the same layer (sideways) or a higher one (up) fails. The longest matching prefix decides.
 LAYERS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "base": (0, ("interq", "interq._optional", "interq._hf", "interq.allocator", "interq.presets", "interq.switches")),
+    "base": (0, ("interq", "interq._optional", "interq._hf", "interq.allocator", "interq.presets", "interq.switches",
+                 "interq.errors")),
     "kernels": (1, ("interq.quant.kernels", "interq.kernels")),
     "algo": (1, ("interq.algo",)),  # the algorithm: a leaf
     "envs": (1, ("interq.envs",)),  # environments: leaves the agent loop uses
@@ -29,9 +30,9 @@ LAYERS: dict[str, tuple[int, tuple[str, ...]]] = {
     "rollout": (3, ("interq.rollout",)),
     "machine": (3, ("interq.machine",)),  # what a measurement ran on (reads the executor's backend choice)
     "agent": (4, ("interq.agent",)),
-    "trainer": (5, ("interq.train",)),
+    "trainer": (5, ("interq.train", "interq.rundir")),  # rundir: a run directory's lock, --out checks, signals
     "integrations": (5, ("interq.integrations",)),  # verl's trainer with interq's executor and correction
-    "entry": (6, ("interq.cli", "interq.__main__", "interq.selfcheck", "interq.rundir")),
+    "entry": (6, ("interq.cli", "interq.__main__", "interq.selfcheck")),
 }
 
 

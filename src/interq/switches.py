@@ -25,6 +25,8 @@ variable                    values                                        what i
 ``INTERQ_REQUIRE_ENGINES``  as ``INTERQ_CPU_KERNELS`` (default off)       tests: a skipped engine test fails
 ``INTERQ_TEST_THREADS``     a positive integer (default 2)                tests: torch threads
 ``INTERQ_VENV``             a directory path (default ``.venv``)          scripts/setup.sh: the venv to build
+``INTERQ_CONSTRAINTS``      a file path or ``none`` (default              scripts/setup.sh: the pinned versions
+                            ``constraints.txt``)                          (``none``: unpinned)
 ``INTERQ_VLLM_VENV``        a directory path                              benchmarks: vLLM's venv
 ``INTERQ_TORCH_CPU_INDEX``  a URL                                         scripts: torch's CPU wheel index
 ``INTERQ_TORCH_CUDA_INDEX`` a URL                                         scripts: torch's CUDA wheel index
@@ -38,7 +40,7 @@ import json
 import os
 from collections.abc import Mapping
 
-from interq.train.config import ConfigError
+from interq.errors import ConfigError
 
 ON = ("1", "on", "true", "yes")
 OFF = ("0", "off", "false", "no")
@@ -73,6 +75,7 @@ REGISTRY: dict[str, dict] = {
     "INTERQ_REQUIRE_ENGINES": _bool(False, "tests: a test skipped for a missing engine fails"),
     "INTERQ_TEST_THREADS": {"kind": "posint", "default": "2", "what": "tests: torch threads"},
     "INTERQ_VENV": _path(".venv", "scripts/setup.sh: the virtual environment to build"),
+    "INTERQ_CONSTRAINTS": _path(None, "scripts/setup.sh: the constraints file of the versions to install, or none"),
     "INTERQ_VLLM_VENV": _path(None, "benchmarks: vLLM's virtual environment"),
     "INTERQ_TORCH_CPU_INDEX": {"kind": "url", "default": None, "what": "scripts: torch's CPU wheel index"},
     "INTERQ_TORCH_CUDA_INDEX": {"kind": "url", "default": None, "what": "scripts: torch's CUDA wheel index"},

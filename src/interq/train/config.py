@@ -33,6 +33,8 @@ from typing import Any
 
 import yaml
 
+from interq.errors import ConfigError  # re-exported (defined at the package's bottom: every layer may raise it)
+
 CORRECTIONS = ("none", "tis", "icepop", "seq_is", "geo_mask", "prefix_is", "interq", "interq_uniform")
 ADVANTAGES = ("grpo", "gigpo")
 LAYOUTS = ("concatenated", "per_turn")
@@ -52,10 +54,6 @@ ACTION_FORMATS = ("text", "index", "auto")
 PROMPTS = ("compact", "verl_agent", "auto")
 ARM_BASE = "household"  # the preset the arm presets build on; ``env.name=<env>`` puts them on ``<env>.yaml`` instead
 DEFAULT_PRESET = "q-interq"  # the preset every command starts from unless --preset names another
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the field and what is accepted."""
 
 
 class NonFiniteTrainingError(RuntimeError):
