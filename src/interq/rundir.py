@@ -318,7 +318,7 @@ def command_line() -> str:
     argv = list(sys.argv)
     if _SCOPE.get("argv") is not None:
         return "interq " + shlex.join(_SCOPE["argv"])
-    if argv and (Path(argv[0]).name in ("interq", "__main__.py") or argv[0].endswith("interq/__main__.py")):
+    if argv and (Path(argv[0]).name == "interq" or Path(argv[0]).parts[-2:] == ("interq", "__main__.py")):
         return "interq " + shlex.join(argv[1:])
     return "the same command"
 
@@ -369,7 +369,8 @@ def scope(command: str, directories: Iterable[str | Path] = (), force: bool = Fa
         for d in dirs:
             acquire(d, command_line() if outer else command)
             taken.append(d)
-        _SCOPE["dirs"] += dirs
+        if outer:
+            _SCOPE["dirs"] += dirs  # where an interruption says the run stopped: the command's own directories
         if outer and threading.current_thread() is threading.main_thread():
             old_handler = signal.signal(signal.SIGTERM, _on_sigterm)
         _SCOPE["depth"] += 1

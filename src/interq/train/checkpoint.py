@@ -345,6 +345,32 @@ def _steps_text(steps: list[int]) -> str:
     return ", ".join(runs[:6]) + (", ..." if len(runs) > 6 else "")
 
 
+def check_resumable(run_dir: str | Path, first_step: int, repair: str, need_optimizer: bool = True) -> None:
+    """Before anything of a run is touched: :class:`ResumeError` (with ``repair``) when resuming it would leave out a
+    record (:func:`resume_run`'s rule, checked on the files alone)."""
+    from interq.train.logging import scan_jsonl
+
+    run_dir = Path(run_dir)
+    records, bad = scan_jsonl(run_dir / "metrics.jsonl")
+    have = {r["step"] for r in records if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)}
+    gaps = []
+    for p in _candidates(run_dir):
+        try:
+            check_checkpoint(p, need_optimizer=need_optimizer)
+        except CheckpointError:
+            continue
+        lost = [k for k in range(first_step, (_step_of(p) or 0) + 1) if k not in have]
+        if not lost:
+            return
+        gaps.append(lost)
+    if gaps:
+        why = f"{len(bad)} damaged lines, " if bad else ""
+        raise ResumeError(f"{run_dir / 'metrics.jsonl'} lacks the records of steps {_steps_text(gaps[0])} ({why}lost "
+                          f"or edited) and no checkpoint of {run_dir} comes before them, so resuming would leave them "
+                          "out; nothing was changed. Recompute the run from step 0 (deterministic: the same numbers) "
+                          f"with: {repair}")
+
+
 def resume_run(run_dir: str | Path, model, optimizer, first_step: int, repair: str,
                log: Callable[[str], Any] = _stderr) -> dict | None:
     """Resume a run without losing a record: load the newest complete checkpoint (step ``s``) for which

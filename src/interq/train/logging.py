@@ -53,13 +53,12 @@ class RunLogger:
         say = log or _stderr
         if not self.path.is_file():
             return []
-        torn: list[str] = []
-        records = read_jsonl(self.path, on_torn=torn.append)
+        records, torn = scan_jsonl(self.path)  # a damaged line anywhere: dropped and said (resume_run checked the rest)
         kept = [r for r in records if step >= 0 and isinstance(r.get("step"), int) and r["step"] <= step]
         last = {r["step"]: r for r in kept}
         keep = [last[s] for s in sorted(last)]
         if torn:
-            say(f"[resume] {self.path}: {torn[0]}; dropped")
+            say(f"[resume] {self.path}: {'; '.join(torn[:3])}{'; ...' if len(torn) > 3 else ''}; dropped")
         if len(keep) < len(kept):
             say(f"[resume] {self.path}: {len(kept) - len(keep)} earlier records of a step recorded twice dropped "
                 f"(each step keeps its last record)")
@@ -121,15 +120,17 @@ def scan_jsonl(path: str | Path) -> tuple[list[dict], list[str]]:
     if not p.is_file():
         return [], []
     out, bad = [], []
-    for i, ln in enumerate(p.read_text(errors="replace").split("\n")):
-        if not ln.strip():
-            continue
+    lines = p.read_text(errors="replace").split("\n")
+    filled = [i for i, ln in enumerate(lines) if ln.strip()]
+    for i in filled:
+        ln = lines[i]
         try:
             rec = json.loads(ln)
             if not isinstance(rec, dict):
                 raise ValueError(f"a JSON {type(rec).__name__}, not an object")
         except ValueError:
-            bad.append(f"line {i + 1} ({len(ln)} characters) is not a JSON record")
+            bad.append(f"torn last line {i + 1} ({len(ln)} characters, not a JSON record)" if i == filled[-1]
+                       else f"line {i + 1} ({len(ln)} characters) is not a JSON record")
             continue
         out.append(rec)
     return out, bad

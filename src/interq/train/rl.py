@@ -494,7 +494,7 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     from interq.rollout import RolloutEngine
     from interq.train.build import build_executor, chat_format, env_runner
     from interq.rundir import command_line
-    from interq.train.checkpoint import discard_checkpoints, resume_run, save_checkpoint
+    from interq.train.checkpoint import check_resumable, discard_checkpoints, resume_run, save_checkpoint
     from interq.train.logging import RunLogger, read_jsonl
     from interq.train.provenance import StaleResultError, run_differences, stale_message, write_run_record
 
@@ -502,6 +502,8 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     differences = run_differences(cfg, run_dir, start_policy)
     if differences:
         raise StaleResultError(stale_message([(run_dir, differences)]))
+    if resume:  # a record that resuming would leave out: refused before anything here changes
+        check_resumable(run_dir, 0 if cfg.train.eval_every_steps else 1, f"{command_line()} --no-resume")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_record(cfg, run_dir, start_policy)
     t = cfg.train
