@@ -117,7 +117,7 @@ def _child(job: dict, marker: mmap.mmap) -> None:
     wrap(policy, "build_tiny_policy", "tokenizer")
     wrap(sft, "run_sft", "sft")
     wrap(rl, "train", "train")
-    resume = "resume_checkpoint" if hasattr(checkpoint, "resume_checkpoint") else "load_checkpoint"  # older trainers
+    resume = next(n for n in ("resume_run", "resume_checkpoint", "load_checkpoint") if hasattr(checkpoint, n))  # older trainers: the later names
     wrap(checkpoint, resume, "resume", lambda st, *_: event(f"resumed {st['step'] if st is not None else 'none'}"))
     wrap(rl, "rollout", "rollout")
     wrap(rl, "update", "update")

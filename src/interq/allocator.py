@@ -111,7 +111,8 @@ def reexec_with_allocator(argv: list[str]) -> None:
     from interq import switches
 
     try:
-        switches.check_environment()  # every INTERQ_* switch, before anything (interq.switches)
+        # every INTERQ_* switch, before anything (interq.switches); this one's own message is choice()'s, below
+        switches.check_environment({k: v for k, v in os.environ.items() if k != ENV})
     except switches.SwitchError as e:
         print(f"interq: invalid configuration: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -230,8 +230,11 @@ WRITES: dict[str, tuple[str, ...]] = {
     "train": ("config.yaml", "provenance.json", "metrics.jsonl", "checkpoints", "checkpoints.stale-*", "warm_start",
               "warm_start.stale-*", "env_info.json", "tensorboard"),
     "mismatch": ("mismatch.md", "mismatch.png", "mismatch.json", "config.yaml", "warm_start", "warm_start.stale-*"),
-    "demo": ("warm_start", "warm_start.stale-*", "demo.md", "demo.png", "mismatch.png", "summary.json"),
-    "compare": ("warm_start", "warm_start.stale-*", "compare.md", "summary.json", "curves*.png", "mismatch*.png"),
+    # demo and compare write the same kind of directory (one may follow the other on the same --out)
+    "demo": ("warm_start", "warm_start.stale-*", "demo.md", "demo.png", "compare.md", "summary.json", "curves*.png",
+             "mismatch*.png"),
+    "compare": ("warm_start", "warm_start.stale-*", "demo.md", "demo.png", "compare.md", "summary.json",
+                "curves*.png", "mismatch*.png"),
     "eval": ("eval.md", "eval.json", "eval*.png", "config.yaml"),
 }
 OUTPUTS: dict[str, tuple[str, ...]] = {  # files a command writes whole at its end (a user's file there is refused)

@@ -320,10 +320,6 @@ def main(argv: list[str]) -> int:
         cfg = build_config(args.preset, overrides)
     except ConfigError as e:
         _fail(str(e))
-    if args.policy is None and (cfg.model.source == "tiny" or (cfg.warm_start.enabled and cfg.warm_start.steps > 0)):
-        print(f"[mismatch] no --policy: this first warm-starts {cfg.model.source} ({cfg.warm_start.steps} steps of "
-              f"fine-tuning into <out>/warm_start, reused when made from the same inputs), then measures; --policy DIR "
-              "measures a policy as it is", flush=True)
     try:
         if args.policy is not None:
             check_policy_dir(args.policy, "--policy")
@@ -337,6 +333,10 @@ def main(argv: list[str]) -> int:
         train_tasks, _ = split_tasks(env_factory(cfg.env), cfg.env)
     except (ConfigError, TypeError, ValueError) as e:  # e.g. env.env_kwargs the environment does not take
         _fail(f"env.name={cfg.env.name!r} / env.env_kwargs={cfg.env.env_kwargs}: {e}" if not isinstance(e, ConfigError) else str(e))
+    if args.policy is None and (cfg.model.source == "tiny" or (cfg.warm_start.enabled and cfg.warm_start.steps > 0)):
+        print(f"[mismatch] no --policy: this first warm-starts {cfg.model.source} ({cfg.warm_start.steps} steps of "
+              f"fine-tuning into <out>/warm_start, reused when made from the same inputs), then measures; --policy DIR "
+              "measures a policy as it is", flush=True)
 
     from interq.train.pipeline import _quiet_transformers, prepare_policy
     from interq.train.policy import load_policy
