@@ -255,10 +255,28 @@ def _recognised(out: Path, command: str) -> bool:
     if command == "train":
         return _is_run_dir(out) or _is_run_dir(out / "warm_start")
     if command in ("demo", "compare"):
-        return _is_run_dir(out / "warm_start") or any(_is_run_dir(p) for p in out.iterdir() if p.is_dir())
+        return (_is_run_dir(out / "warm_start") or any(_is_run_dir(p) for p in out.iterdir() if p.is_dir())
+                or _starts_with(out / "compare.md", "Command: `interq ") or _summary_of_ours(out / "summary.json"))
     if command == "mismatch":
         return (out / "mismatch.json").is_file() or _is_run_dir(out / "warm_start")
     return (out / "config.yaml").is_file()
+
+
+def _starts_with(path: Path, text: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(len(text)) == text
+    except OSError:
+        return False
+
+
+def _summary_of_ours(path: Path) -> bool:
+    """A ``summary.json`` that ``compare`` (a report, perhaps of nothing yet) or ``demo`` wrote."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and ({"regimes", "progress"} <= set(data) or {"summary", "result"} <= set(data))
 
 
 def check_out(out: str | Path, command: str, force: bool = False) -> None:
