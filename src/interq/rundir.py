@@ -334,11 +334,38 @@ def _writable(d: Path) -> bool:
 _SCOPE: dict = {"depth": 0, "command": None, "dirs": []}
 
 
+_COMMAND: dict = {"argv": None, "pid": None}
+
+
+@contextlib.contextmanager
+def running(argv: list[str]):
+    """The command line (``[command, *args]``) being run in this process, for the messages that say how to resume
+    (the command line calls its commands inside this; also right for ``interq.cli.main([...])`` from Python). Also
+    turns SIGTERM into an interruption, and an interruption before any run directory was taken into one line."""
+    saved = dict(_COMMAND)
+    _COMMAND.update(argv=list(argv), pid=os.getpid())
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        sig = "SIGTERM" if isinstance(e, Interrupted) else "Ctrl-C"
+        _say(f"interq {argv[0] if argv else ''}: stopped by {sig} before it wrote anything")
+        raise SystemExit(143 if isinstance(e, Interrupted) else 130) from None
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+        _COMMAND.update(saved)
+
+
 def command_line() -> str:
     """The command line that started this process, as ``interq ...`` (what resumes a run)."""
     argv = list(sys.argv)
     if _SCOPE.get("argv") is not None:
         return "interq " + shlex.join(_SCOPE["argv"])
+    if _COMMAND["argv"] is not None and _COMMAND["pid"] == os.getpid():
+        return "interq " + shlex.join(_COMMAND["argv"])
     if argv and (Path(argv[0]).name == "interq" or Path(argv[0]).parts[-2:] == ("interq", "__main__.py")):
         return "interq " + shlex.join(argv[1:])
     return "the same command"
@@ -420,9 +447,15 @@ def scope(command: str, directories: Iterable[str | Path] = (), force: bool = Fa
 def enter(directory: str | Path, command: str, force: bool = False) -> None:
     """Inside a :func:`scope` whose directory was known only later (``mismatch``'s default ``--out`` depends on the
     config): check and lock ``directory`` until the scope ends."""
-    if _SCOPE["depth"] == 0 or _SCOPE.get("pid") != os.getpid():
-        raise RuntimeError("rundir.enter() outside a rundir.scope()")
     d = Path(directory)
+    if _SCOPE["depth"] == 0 or _SCOPE.get("pid") != os.getpid():  # no scope: held until the process ends
+        import atexit
+
+        if not _covered(Path(os.path.abspath(d))):
+            check_out(d, command, force)
+        if acquire(d, command_line()):
+            atexit.register(release, d)
+        return
     if not _covered(Path(os.path.abspath(d))):
         check_out(d, command, force)
     if acquire(d, command_line()):

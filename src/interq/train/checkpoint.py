@@ -13,7 +13,7 @@ name) is replaced atomically, and only then are older checkpoints pruned. A chec
 step written again after a fallback) is first renamed to ``.replaced_step_*`` and removed only once the new one
 is in place. Once one checkpoint has been written, a complete one exists at every instant.
 
-Reading (:func:`resume_checkpoint`): the checkpoint ``latest`` names, then the older ones newest first, each
+Reading (:func:`resume_checkpoint`, :func:`resume_run`): the checkpoint ``latest`` names, then the older ones newest first, each
 checked against its manifest (every file present, sizes and hashes equal; one of the earlier format, without a
 manifest, must hold weights, ``config.json``, ``state.json``, ``rng.pt`` and ``optimizer.pt`` that all load).
 An incomplete or corrupted one is skipped with a line on stderr naming it and what is wrong, and the previous
@@ -26,10 +26,15 @@ from the checkpoint ``latest`` names or, if that one is incomplete or corrupted,
 ``s``), with the weights, optimizer state, RNG states and step saved there. ``metrics.jsonl`` then keeps exactly
 one record of each step up to ``s`` (each is fsynced before its checkpoint is written; a torn last line is
 dropped and said; records of later steps are dropped and those steps run again), so the finished run holds one
-record per step and, on CPU, the same numbers as an uninterrupted run (timings aside). A damaged line before the
-last one stops the resume with its line number. A run started over (``--no-resume``, or no complete checkpoint
-left) keeps nothing of the earlier attempt: its records are dropped and ``checkpoints/`` is moved aside to
-``checkpoints.stale-<time>``. Not saved: CUDA generator states.
+record per step and, on CPU, the same numbers as an uninterrupted run (timings aside). The log is checked against
+the checkpoints (:func:`resume_run`): the checkpoint resumed from is the newest complete one whose every earlier
+step has its record; a record lost or damaged anywhere (a torn line, an edit, a deleted log) is recomputed by
+resuming from the newest checkpoint before it, and where no checkpoint precedes it the resume is refused before
+anything changes, with the command that recomputes the run from step 0 (``--no-resume``). A run started over
+(``--no-resume``, or no complete checkpoint left) keeps nothing of the earlier attempt: its records are dropped and
+``checkpoints/`` is moved aside to ``checkpoints.stale-<time>``. A checkpoint that cannot be written (a full disk)
+stops the run with one line (:class:`SaveError`); the previous checkpoints stay intact. Weights that are not
+finite are never written. Not saved: CUDA generator states.
 """
 
 from __future__ import annotations

@@ -120,6 +120,9 @@ def eval_command(args, command: str) -> int:
     for line in agent_differences(policy, cfg):
         print(f"[eval] note: the policy was saved with other agent settings, {line}", file=sys.stderr)
     out = Path(args.out or f"runs/eval/{cfg.name}")
+    from interq import rundir
+
+    rundir.enter(out, "eval", getattr(args, "force", False))  # checked and locked before any work (interq.rundir)
     r = evaluate_policy(policy, cfg)
     result = {"policy": str(policy), "env": cfg.env.name, "eval_split": cfg.env.eval_split,
               "executor": cfg.rollout.executor, "episodes": r["episodes"], "tasks": r["tasks"],

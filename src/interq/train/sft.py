@@ -9,6 +9,14 @@ it to copy a name from its context into its answer, and it decides whether the w
 (docs/results.md: 26% held-out success with ``observation_weight=1`` against 4% without, same steps). How good
 the starting policy is is set by ``WarmStartConfig``: ``noise`` (share of random admissible actions written
 into the demos), ``num_demos`` and ``steps``.
+
+Memory is bounded by configuration: ``warm_start.tokens_per_microbatch`` caps the padded tokens of one forward (the
+``episodes_per_microbatch`` episodes of a step are split into as many forwards as that needs, their gradients
+accumulated into the step's one update: the same loss, to float rounding), and a pretrained model recomputes each
+decoder layer in the backward instead of keeping its activations. Its default, 0, keeps a tiny policy's step in one
+forward (bit for bit the numbers before the cap existed) and gives a pretrained checkpoint 4,096 tokens: a
+SmolLM2-135M step then holds one 4,096-token forward's activations and LM-head logits, not 64 episodes' at once.
+A loss that is not finite stops the warm start at once; nothing is saved.
 """
 
 from __future__ import annotations
