@@ -70,8 +70,26 @@ class CheckpointError(RuntimeError):
     """A checkpoint is incomplete or corrupted; the message names its path and what is missing or wrong."""
 
 
-class SaveError(ConfigError):
-    """A checkpoint could not be written (disk full, I/O error); the previous ones are intact. One line."""
+def _run_dir_error():
+    from interq.rundir import RunDirError
+
+    return RunDirError
+
+
+class SaveError(_run_dir_error()):
+    """A checkpoint or warm start could not be written (disk full, I/O error); what was there is intact. One line."""
+
+
+def save_failure(e: BaseException, what: str, where: Path) -> SaveError:
+    """The one-line :class:`SaveError` of a write that failed with ``e`` (ENOSPC, an I/O error, torch's "unexpected
+    pos", the tokenizer's own error)."""
+    try:
+        free = f"{shutil.disk_usage(where).free / 2**20:.0f} MiB free there now"
+    except OSError:
+        free = "free space unknown"
+    why = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:160]
+    return SaveError(f"{what} could not be written to {where} ({why}; {free}); nothing of it was kept and what was "
+                     "there before is intact. Free space, then run the same command again (it resumes)")
 
 
 def _stderr(msg: str) -> None:
@@ -157,16 +175,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
         _fsync_path(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, (OSError, RuntimeError)) and not isinstance(e, CheckpointError) and not isinstance(e, ConfigError):
+        if isinstance(e, Exception) and not isinstance(e, (CheckpointError, ConfigError)):
             # a full disk, a quota, an I/O error (torch says "unexpected pos"): one line, the previous checkpoint kept
-            try:
-                free = f"{shutil.disk_usage(ckdir).free / 2**20:.0f} MiB free there now"
-            except OSError:
-                free = "free space unknown"
-            why = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:160]
-            raise SaveError(f"checkpoint of step {step} could not be written to {ckdir} ({why}; {free}); nothing of it "
-                            "was kept and the previous checkpoints are intact. Free space, then run the same command "
-                            "again to resume") from None
+            raise save_failure(e, f"checkpoint of step {step}", ckdir) from None
         raise
     if final.exists():  # moved aside, not deleted: until the new one is in place it stays a fallback
         os.replace(final, ckdir / f".replaced_{final.name}_{secrets.token_hex(4)}")
@@ -327,12 +338,6 @@ def resume_checkpoint(run_dir: str | Path, model, optimizer=None, log: Callable[
         log(f"[resume] no complete checkpoint in {Path(run_dir) / 'checkpoints'} (skipped: {', '.join(tried)}); "
             f"the run starts over from step 0")
     return None
-
-
-def _run_dir_error():
-    from interq.rundir import RunDirError
-
-    return RunDirError
 
 
 class ResumeError(_run_dir_error()):

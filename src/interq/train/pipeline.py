@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from interq.train.config import RunConfig, save_config
+from interq.train.config import ConfigError, RunConfig, save_config
 
 
 def _quiet_transformers() -> None:
@@ -109,8 +109,12 @@ def _prepare_policy(cfg: RunConfig, out_dir: Path, fresh: bool, log) -> tuple[Pa
         if out_dir.exists():
             out_dir.rmdir()  # only an empty directory is left here (settle refused or moved anything else)
         os.replace(tmp, out_dir)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, Exception) and not isinstance(e, ConfigError):  # a full disk, an I/O error: one line
+            from interq.train.checkpoint import save_failure
+
+            raise save_failure(e, "the warm start", out_dir.parent) from None
         raise
     prune_abandoned_saves(out_dir)
     return out_dir, summary
