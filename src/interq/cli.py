@@ -62,7 +62,7 @@ def _cmd_train(argv: list[str]) -> int:
     from interq.train.pipeline import run_training
 
     out = args.out or f"runs/{cfg.name}"
-    recs = run_training(cfg, out, args.policy, resume=not args.no_resume, fresh=args.fresh)
+    recs = run_training(cfg, out, args.policy, resume=not args.no_resume, fresh=args.fresh, force=args.force)
     evals = [r for r in recs if "eval/success" in r]
     if evals:
         print(f"held-out success: step {evals[0]['step']} {evals[0]['eval/success']:.3f} -> "
@@ -212,11 +212,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(command: str, args: list[str]) -> int:
     """``COMMANDS[command]`` on ``args``, the errors a user can fix as one line on stderr."""
+    from interq import rundir
     from interq.train.config import ConfigError, NonFiniteTrainingError
     from interq.train.provenance import StaleResultError
 
     try:
-        return COMMANDS[command][0](args)
+        with rundir.running([command, *args]):  # the resume command; Ctrl-C / SIGTERM: one line (interq.rundir)
+            return COMMANDS[command][0](args)
+    except rundir.RunDirError as e:  # locked, unusable or foreign --out; a record resume would lose; a full disk
+        print(f"interq: {e}", file=sys.stderr)
+        return 2
     except StaleResultError as e:  # an existing result of other inputs: nothing was run (see --fresh)
         print(f"interq: {e}", file=sys.stderr)
         return 2
