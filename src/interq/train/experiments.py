@@ -789,7 +789,8 @@ def compare_main(argv: list[str]) -> int:
                    "hold now (partial runs are marked by their final step; runs of an older numerics version are "
                    "read and named)")
     p.add_argument("--setting", default="demo", choices=sorted(SETTINGS), help="built-in overrides applied first: demo "
-                   f"(the demo's: the study's text setting, {DEMO_STEPS} steps; default), study (the comparison study's: text actions), study-index "
+                   f"(the demo's: the study's text setting, {DEMO_STEPS} steps; default), study (the comparison "
+                   "study's: text actions), study-index "
                    "(the study's first setting: the action's number), none")
     p.add_argument("--no-demo-defaults", action="store_true", help="same as --setting none")
     args = p.parse_args(argv)
