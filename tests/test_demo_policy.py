@@ -106,11 +106,16 @@ def test_warm_start_flag_moves_the_shipped_copy_aside(tmp_path):
     cfg, logs = _demo_config(), []
     assert _demo_warm_start(cfg, tmp_path, make=False, log=logs.append) == "shipped"
     assert (tmp_path / "warm_start" / "model.safetensors").read_bytes() == (DEMO_POLICY / "model.safetensors").read_bytes()
+    assert _demo_warm_start(cfg, tmp_path, make=False, log=logs.append) == "shipped"  # the copy is reused
     assert _demo_warm_start(cfg, tmp_path, make=True, log=logs.append) == "made"
     assert not (tmp_path / "warm_start").exists() and len(list(tmp_path.glob("warm_start.stale-*"))) == 1
-    # settings the shipped policy was not made from: the demo makes its own
-    assert _demo_warm_start(_demo_config("warm_start.steps=7"), tmp_path / "other", make=False, log=logs.append) == "made"
+    # settings the shipped policy was not made from: the demo makes its own (a copy already there is moved aside)
+    other = _demo_config("warm_start.steps=7")
+    assert _demo_warm_start(other, tmp_path / "other", make=False, log=logs.append) == "made"
     assert "warm_start.steps" in logs[-1]
+    assert _demo_warm_start(cfg, tmp_path, make=False, log=logs.append) == "shipped"
+    assert _demo_warm_start(other, tmp_path, make=False, log=logs.append) == "made"
+    assert not (tmp_path / "warm_start").exists() and len(list(tmp_path.glob("warm_start.stale-*"))) == 2
 
 
 @pytest.mark.parametrize("jobs", ["0", "-1"])

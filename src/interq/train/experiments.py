@@ -640,10 +640,11 @@ def _demo_warm_start(base, out: Path, make: bool, log=print) -> str:
     if ws.is_dir() and any(ws.iterdir()):
         if not (ws / _SHIPPED_MARK).is_file():
             return "kept"
-        if not make:
+        if not make and not warm_start_differences(base, ws):
             return "shipped"
-        dest = move_aside(ws)
-        log(f"[warm start] --warm-start: the shipped copy in {ws} moved aside to {dest}")
+        dest = move_aside(ws)  # a copy of a package file: nothing of the user's is lost
+        log(f"[warm start] {ws}: a copy of the shipped policy, "
+            f"{'not wanted (--warm-start)' if make else 'made from other settings'}, moved aside to {dest}")
     if make:
         return "made"
     differences = warm_start_differences(base, DEMO_POLICY)
