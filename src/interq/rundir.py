@@ -182,6 +182,10 @@ def acquire(directory: str | Path, command: str) -> bool:
                 os.close(fd)
                 raise RunDirError(f"{directory} is being written by {describe_holder(_read_info(path))}; nothing was "
                                   f"run (lock {path}). Wait for it to finish, or use another --out") from None
+            except OSError as e:  # a file system without flock (some network mounts): said, and run unlocked
+                _say(f"[lock] {path}: this file system cannot lock files ({e.strerror or e}); {directory} is not "
+                     "protected against a second writer")
+                break
             try:  # the file we locked must still be the one at the path (not one a releasing owner just removed)
                 same = os.fstat(fd).st_ino == os.stat(path).st_ino
             except FileNotFoundError:
@@ -485,7 +489,10 @@ def command(name: str, default_out: str | None = None) -> Callable:
             report = "--report-only" in argv
             with scope(name, [] if out is None or report else [out], force=force,
                        argv=[name, *argv] if _SCOPE["depth"] == 0 else None):
-                return fn(argv)
+                code = fn(argv)
+            if code == 0:
+                _say(f"[{name}] {peak_memory_line()}")
+            return code
 
         return wrapper
 
