@@ -500,3 +500,36 @@ def test_a_smollm2_shaped_warm_start_fits_its_memory_limit_by_its_token_budget()
     fits = run(256)
     assert fits[:2] == ["ok", "8"], fits
     assert run(0)[:3] == ["out", "of", "memory"]
+
+
+def test_the_warm_starts_token_budget_splits_a_step_into_forwards_with_the_same_update_to_rounding():
+    """0 (a tiny policy's default) and a budget the step fits in are the same single forward, bit for bit; a budget
+    that splits the step into several forwards accumulates the same gradient up to float rounding."""
+    import copy
+
+    from interq.train.config import ModelConfig, WarmStartConfig
+    from interq.train.policy import build_tiny_policy
+    from interq.train.sft import pack_rows, resolve_tokens_per_microbatch, run_sft
+
+    assert pack_rows([5, 9, 3, 7], 0) == [[0, 1, 2, 3]]
+    assert pack_rows([5, 9, 3, 7], 18) == [[0, 1], [2, 3]] and pack_rows([50], 10) == [[0]]
+    w = WarmStartConfig(steps=4, episodes_per_microbatch=12, observation_weight=1.0)
+    assert resolve_tokens_per_microbatch(w, pretrained=False) == 0 and resolve_tokens_per_microbatch(w, True) == 4096
+    model, _ = build_tiny_policy(ModelConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_heads=2,
+                                             num_kv_heads=1, head_dim=8), ["go to fridge 1", "take apple 1"] * 30)
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for _ in range(30):
+        n = int(torch.randint(8, 60, (1,), generator=g))
+        rows.append((torch.randint(1, model.config.vocab_size, (n,), generator=g).tolist(),
+                     (torch.rand(n, generator=g) < 0.3).tolist()))
+    runs = {}
+    for budget in (0, 10_000, 150):
+        m = copy.deepcopy(model)
+        runs[budget] = (m, run_sft(m, rows, w, 0, tokens_per_microbatch=budget))
+    assert runs[0][1]["sft/forwards"] == runs[10_000][1]["sft/forwards"] == 4 and runs[150][1]["sft/forwards"] > 8
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][0].parameters(), runs[10_000][0].parameters()))
+    # float32 sums in another order: the loss to ~1e-6 relative, the weights (4 AdamW steps of lr 3e-3) to ~1e-5
+    assert runs[150][1]["sft/final_loss"] == pytest.approx(runs[0][1]["sft/final_loss"], rel=1e-5)
+    with torch.no_grad():
+        assert max(float((a - b).abs().max()) for a, b in zip(runs[0][0].parameters(), runs[150][0].parameters())) < 1e-4
