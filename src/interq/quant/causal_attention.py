@@ -5,7 +5,7 @@ learner for the duration; :mod:`interq.quant.aligned` wraps it where it fake-qua
 The learner's rows are right-padded and attend causally without a mask (NUMERICS_VERSION 3), so every attention call
 of its forward is one causal problem per row and head, fp32: transformers' ``sdpa`` hands it to torch's CPU flash
 kernel, whose forward and backward ran at about 60-65 GFLOP/s on one Zen 5 core, a third of the learner's time
-on SmolLM2 rows of 1,760 tokens (docs/benchmarks.md). ``causal_attention_fwd`` /
+on SmolLM2 rows of 1,760 tokens. ``causal_attention_fwd`` /
 ``causal_attention_bwd`` (``interq.quant.kernels``) compute the same function with FlashAttention-2's blocking and
 register-tiled block products: an fp32 computation of its own, to rounding, not the same bits as torch's kernel.
 

@@ -3,7 +3,7 @@
 transformers' ``DynamicLayer`` appends a token by ``torch.cat`` of the whole cache with it, so a decode step
 copies every cached K and V of every layer once more: O(cached tokens) per step on top of attention's own read.
 In a rollout's long multi-turn contexts that copy costs about 40% of the attention that reads the cache (SmolLM2,
-16 rows, 1 thread, K and V: 41 ms per decode step at 1,024 cached tokens, 79 ms at 2,048; ``docs/benchmarks.md``).
+16 rows, 1 thread, K and V: 41 ms per decode step at 1,024 cached tokens, 79 ms at 2,048).
 Here the new columns are written into spare capacity and the cache is the view ``buffer[:, :, :length]``; the
 buffer grows by a quarter (at least :data:`MIN_SPARE` columns) when full, so a sequence of T appends copies O(T)
 columns in all. It is the executor's cache primitive: the rollout's default cache and the 8-bit cache
