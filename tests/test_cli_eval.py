@@ -33,6 +33,7 @@ def _result(out: str) -> dict:
     return json.loads(lines[0][len("RESULT "):])
 
 
+@pytest.mark.slow
 def test_eval_of_a_checkpoint_reproduces_its_runs_evaluation(trained_run, tmp_path, capsys):
     run, record = trained_run
     capsys.readouterr()
@@ -52,6 +53,7 @@ def test_eval_of_a_checkpoint_reproduces_its_runs_evaluation(trained_run, tmp_pa
     assert (out / "config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_eval_with_another_executor_and_episode_count(trained_run, tmp_path, capsys):
     run, _ = trained_run
     out = tmp_path / "eval"
@@ -65,6 +67,7 @@ def test_eval_with_another_executor_and_episode_count(trained_run, tmp_path, cap
     assert 0.0 <= result["success"] <= 1.0
 
 
+@pytest.mark.slow
 def test_eval_notes_agent_settings_that_differ_from_the_policys(trained_run, tmp_path, capsys):
     run, _ = trained_run
     assert main(["eval", "--policy", str(run), "--out", str(tmp_path / "e"), "--episodes", "1", *SMALL,

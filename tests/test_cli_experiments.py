@@ -21,6 +21,7 @@ def _result(text: str) -> dict:
     return json.loads(last[len("RESULT "):])
 
 
+@pytest.mark.slow
 def test_demo_prints_table_plot_and_result(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), *TOY]) == 0
     res = _result(capsys.readouterr().out)
@@ -37,6 +38,7 @@ def test_demo_prints_table_plot_and_result(tmp_path, capsys):
     assert res["warm_start"] == "made" and not (tmp_path / "warm_start" / "shipped_from.txt").exists()
 
 
+@pytest.mark.slow
 def test_demo_in_the_matched_regime_runs_the_w4a4_kv4_executor(tmp_path, capsys):
     import yaml
 
@@ -47,6 +49,7 @@ def test_demo_in_the_matched_regime_runs_the_w4a4_kv4_executor(tmp_path, capsys)
     assert (cfg["rollout"]["w_bits"], cfg["rollout"]["a_bits"], cfg["rollout"]["kv_bits"]) == (4, 4, 4)
 
 
+@pytest.mark.slow
 def test_compare_writes_table_curves_and_mismatch_plot(tmp_path, capsys):
     args = ["compare", "--out", str(tmp_path), "--arms", "q-tis,q-interq", "--seeds", "0,1", "--threshold", "0.0", *TOY]
     assert main(args) == 0
@@ -94,6 +97,7 @@ def test_compare_rejects_an_unknown_arm_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "warm_start").exists()
 
 
+@pytest.mark.slow
 def test_compare_regimes_budgets_and_a_partial_report(tmp_path, capsys):
     import yaml
 

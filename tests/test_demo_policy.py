@@ -79,6 +79,7 @@ def test_the_shipped_policy_is_package_data():
     assert "policies/*/*" in data
 
 
+@pytest.mark.slow
 def test_the_demo_copies_the_shipped_warm_start_and_runs_from_it(tmp_path, capsys):
     """The demo's own path, cut to one RL step on a few tasks: the warm start is the shipped one (copied, marked),
     both arms train and evaluate, and the RESULT line carries the paired gain."""

@@ -42,6 +42,7 @@ def test_hung_step_times_out(pool):
     check_hung_step_times_out(pool)
 
 
+@pytest.mark.slow
 def test_split_steps(pool):
     check_split_steps(pool)
 

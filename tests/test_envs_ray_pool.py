@@ -20,6 +20,8 @@ from interq.envs.pool import EnvPoolError
 from pool_checks import (FAULTY_HOUSEHOLD, SIZES, check_hung_step_times_out, check_killed_worker_fails_only_its_episode,
                          check_programming_errors, check_split_steps, expert_run)
 
+pytestmark = pytest.mark.slow  # Ray actors take seconds to start (module fixture) and to replace
+
 
 @pytest.fixture(scope="module")
 def ray():

@@ -387,6 +387,7 @@ def test_a_full_disk_during_a_checkpoint_stops_in_one_line_and_the_run_resumes_c
 # ---------------------------------------------------------------------------------------------- signals
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, seed", [(signal.SIGTERM, 0), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
 def test_a_signal_ends_the_run_in_one_line_with_the_resume_command_and_the_resumed_run_is_complete(
         policy, tmp_path, sig, seed):
@@ -441,6 +442,7 @@ def test_an_invalid_switch_stops_the_command_in_one_line(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_a_kernels_directory_that_is_a_file_is_said_once(tmp_path):
     (tmp_path / "k").write_text("")
     code = "from interq.quant import kernels; print(kernels.load()); print(kernels.load())"
@@ -489,6 +491,7 @@ except (MemoryError, RuntimeError) as e:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and limits the address space (Linux)")
 def test_a_smollm2_shaped_warm_start_fits_its_memory_limit_by_its_token_budget():
     """The same step under the same address-space limit (900 MiB above what the set-up maps): 8 rows of 256 tokens in

@@ -23,6 +23,7 @@ def _linear(k, n, bias, seed, dtype=torch.bfloat16):
     return seeded_linear(k, n, bias, seed, dtype).requires_grad_(False)  # as in an executor (packing needs no grad)
 
 
+@pytest.mark.slow
 @needs_packing
 @pytest.mark.parametrize("k,n", [(64, 64), (96, 40), (16, 3), (576, 192), (576, 960), (1536, 576), (576, 8192)])
 @pytest.mark.parametrize("bias", [False, True])

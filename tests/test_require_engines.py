@@ -73,6 +73,7 @@ def suite(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("require", [None, "0"])
 def test_without_the_switch_missing_engines_skip(suite, require):
     rc, out = _pytest(suite, "test_skips.py", require)
@@ -81,6 +82,7 @@ def test_without_the_switch_missing_engines_skip(suite, require):
     assert rc in (0, 5) and _counts(out) == {"skipped": 1}, out  # 5: no test collected (the module skipped)
 
 
+@pytest.mark.slow
 def test_with_the_switch_missing_engines_fail_and_other_skips_stay(suite):
     rc, out = _pytest(suite, "test_skips.py", "1")
     assert rc == 1 and _counts(out) == {"failed": 4, "skipped": 2, "xfailed": 1}, out

@@ -189,6 +189,7 @@ def _fs_ops(monkeypatch, fail_at: int | None):
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("before", ["step2", "step4_only", "step2_step4_corrupt"])
 def test_a_crash_at_any_point_of_a_save_leaves_a_complete_checkpoint(tmp_path, monkeypatch, before):
     """Saving step 4 over: a complete step 2; a complete step 4 (written again); step 2 and a corrupt step 4."""

@@ -60,6 +60,7 @@ def _same(a, b, exact=True):
                 torch.testing.assert_close(r.behavior_logprobs, s.behavior_logprobs, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["per_turn", "concatenated"])
 def test_pool_episodes_equal_in_process(household_policy, layout):
     """Same seeds -> identical episodes (actions, rewards, tokens, behaviour log-probs) in-process and through an
@@ -90,6 +91,7 @@ def test_pool_episodes_equal_in_process(household_policy, layout):
         _same(ref, got, exact=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [False, True])
 def test_killed_and_hung_workers_cost_only_their_episodes(household_policy, tmp_path, overlap):
     """During training step 1, the workers playing one task are SIGKILLed at their 2nd environment step and those
@@ -123,6 +125,7 @@ def test_killed_and_hung_workers_cost_only_their_episodes(household_policy, tmp_
     assert time.perf_counter() - t0 < 120
 
 
+@pytest.mark.slow
 def test_failed_episodes_are_left_out_of_the_batch(household_policy):
     """What train() does with a failed episode: its rows are not in the batch, the group baseline is the others'."""
     from interq.train import rl

@@ -203,6 +203,7 @@ CMP = ["env.name=toy", "env.task_types=", "env.max_turns=3", "env.num_train_task
        "train.threads=1"]
 
 
+@pytest.mark.slow
 def test_compare_checks_every_arm_before_the_warm_start(tmp_path, capsys):
     out = tmp_path / "cmp"
     args = ["compare", "--out", str(out), "--arms", "bf16,q-interq", "--seeds", "0", *CMP]  # + overrides, then flags
@@ -260,6 +261,7 @@ def _as_version(out, version, names):
         (out / name / "provenance.json").write_text(json.dumps(prov))
 
 
+@pytest.mark.slow
 def test_report_only_reads_runs_of_an_older_numerics_version_and_says_so(tmp_path, capsys):
     """Runs of an older NUMERICS_VERSION (as the study's, version 1, transformers' sdpa attention then the default)
     refuse to resume, but ``compare --report-only`` tabulates them, naming the version and the defaults that moved;
