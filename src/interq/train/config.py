@@ -57,8 +57,8 @@ DEFAULT_PRESET = "q-interq"  # the preset every command starts from unless --pre
 
 
 class NonFiniteTrainingError(RuntimeError):
-    """``optim.max_nonfinite_steps`` RL steps in a row had a non-finite loss or gradient (each update was skipped,
-    so the weights are those of the last good step)."""
+    """Training stopped on non-finite values: an RL step's loss (at once), ``optim.max_nonfinite_steps`` RL steps in
+    a row with a non-finite gradient (each update skipped), or a diverged warm start (nothing saved)."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -309,8 +309,8 @@ class OptimConfig:
     beta1: float = _f(0.9, "Decay of the first-moment (gradient mean) estimate.", bounds=ADAM_BETA)
     beta2: float = _f(0.99, "Decay of the second-moment (squared gradient) estimate.", bounds=ADAM_BETA)
     grad_clip: float = _f(1.0, "Gradient-norm clip (0: none).", bounds=NON_NEGATIVE)
-    max_nonfinite_steps: int = _f(3, "RL steps in a row with a non-finite loss or gradient (their updates skipped) "
-                                  "that stop the run.", bounds=POSITIVE)
+    max_nonfinite_steps: int = _f(3, "RL steps in a row with a non-finite gradient under a finite loss (their updates "
+                                  "skipped) that stop the run; a non-finite loss stops it at once.", bounds=POSITIVE)
 
 
 @dataclass(frozen=True)
