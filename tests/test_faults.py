@@ -434,6 +434,18 @@ def test_environment_switches_take_only_their_documented_values(env, needle):
     assert switches.flag("INTERQ_CPU_KERNELS", {"INTERQ_CPU_KERNELS": "off"}) is False
 
 
+def test_the_verl_align_switch_takes_every_preset_of_the_verl_engine():
+    from interq import switches
+    from interq.integrations.verl.engine import PRESETS
+
+    assert switches.VERL_ALIGN_PRESETS == tuple(PRESETS)
+    for name in PRESETS:
+        switches.check_environment({"INTERQ_VERL_ALIGN": name})
+    switches.check_environment({"INTERQ_VERL_ALIGN": '{"w_format": "int8"}'})
+    with pytest.raises(switches.SwitchError, match="w8a8_int8_kv_int8"):
+        switches.check_environment({"INTERQ_VERL_ALIGN": "w4a4"})
+
+
 def test_an_invalid_switch_stops_the_command_in_one_line(tmp_path):
     env = {**os.environ, "INTERQ_CPU_KERNELS": "maybe"}
     p = subprocess.run([sys.executable, "-m", "interq", "train", "--out", str(tmp_path / "r"), *TOY], env=env,

@@ -18,8 +18,10 @@ variable                    values                                        what i
                             ``~/.cache/interq/kernels``)                  that cannot be used is said once, and
                                                                           the eager ops run
 ``INTERQ_CACHE``            a directory path (default ``~/.cache/interq``)  offline data (SmolLM2, ALFWorld)
-``INTERQ_VERL_ALIGN``       ``fp8_block128`` (default), ``none``, or a    the verl engine's aligned forward
-                            JSON object of QuantConfig fields
+``INTERQ_VERL_ALIGN``       ``fp8_block128`` (default), ``w8a8_int8``,    the verl engine's aligned forward
+                            ``w8a8_int8_kv_int8``, ``w8a8_int8_kv_fp8``,
+                            ``none``, or a JSON object of QuantConfig
+                            fields
 ``INTERQ_VERL_LOG_LEVEL``   ``DEBUG`` ``INFO`` (default) ``WARNING``      the verl plugin's log level
                             ``ERROR`` ``CRITICAL``
 ``INTERQ_REQUIRE_ENGINES``  as ``INTERQ_CPU_KERNELS`` (default off)       tests: a skipped engine test fails
@@ -62,6 +64,9 @@ def _path(default: str | None, what: str) -> dict:
     return {"kind": "path", "default": default, "what": what}
 
 
+# the verl engine's aligned presets (interq.integrations.verl.engine.PRESETS; a test keeps the two lists equal)
+VERL_ALIGN_PRESETS = ("fp8_block128", "w8a8_int8", "w8a8_int8_kv_int8", "w8a8_int8_kv_fp8", "none")
+
 REGISTRY: dict[str, dict] = {
     "INTERQ_ALLOCATOR": _choice(("auto", "jemalloc", "system"), "auto", "the memory allocator of a long command"),
     "INTERQ_CPU_KERNELS": _bool(True, "interq's compiled CPU kernels"),
@@ -91,7 +96,7 @@ def accepted(name: str) -> str:
     if kind == "choice":
         return f"one of {', '.join(spec['values'])} (default {spec['default']})"
     if kind == "verl_align":
-        return "fp8_block128 (default), none, or a JSON object of QuantConfig fields"
+        return f"{', '.join(VERL_ALIGN_PRESETS)} (default fp8_block128), or a JSON object of QuantConfig fields"
     if kind == "posint":
         return f"a positive integer (default {spec['default']})"
     if kind == "url":
@@ -123,7 +128,7 @@ def _parse(name: str, raw: str):
             raise _refuse(name, raw)
         return v
     if kind == "verl_align":
-        if v in ("fp8_block128", "none", ""):
+        if v in VERL_ALIGN_PRESETS or v == "":
             return v or spec["default"]
         try:
             obj = json.loads(v)
