@@ -65,7 +65,7 @@ class ForcedToy(ToyEnv):
 
 @pytest.mark.parametrize("layout", ["concatenated", "per_turn"])
 def test_won_episodes_end_with_reward_10_and_lost_ones_do_not(layout):
-    """'won implies last reward 10' on episodes that do win (issue 13 item 8: the check above never sees a win)."""
+    """'won implies last reward 10' on episodes that do win (the check above never sees a win)."""
     from interq.rollout import MinimalChatFormat, RolloutEngine, SamplingParams
     from interq.train.config import ModelConfig
     from interq.train.policy import build_tiny_policy

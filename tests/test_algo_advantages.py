@@ -1,4 +1,4 @@
-"""interq.algo.advantages: GRPO and GiGPO (interq-spec.md §6) against loops over groups."""
+"""interq.algo.advantages: GRPO and GiGPO against loops over groups."""
 
 from __future__ import annotations
 

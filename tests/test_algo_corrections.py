@@ -1,4 +1,4 @@
-"""interq.algo.corrections against a naive Python-loop reference and the properties of interq-spec.md §3-§5."""
+"""interq.algo.corrections against a naive Python-loop reference and the properties of docs/algorithm.md."""
 
 from __future__ import annotations
 
@@ -343,7 +343,7 @@ SEG_COLS = [[0, 1], [3], [6, 7, 8], [10]]
 @pytest.mark.parametrize("budget", sorted(HAND))
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_kappa_and_lambda_equal_the_closed_form_on_a_hand_computed_case(budget, sign):
-    """§3 by hand (issue 13 item 8: ``|Lambda| <= B`` alone holds whatever kappa is, the code clamps Lambda)."""
+    """The budget arithmetic by hand (``|Lambda| <= B`` alone holds whatever kappa is, the code clamps Lambda)."""
     p, b, mask = _hand_case(sign)
     kappa, lam = HAND[budget]
     assert _prepare(p.double(), b.double(), mask, None, None).support().tolist()[0] == pytest.approx(S1, abs=1e-9)

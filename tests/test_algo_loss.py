@@ -1,4 +1,4 @@
-"""interq.algo.loss: the decoupled PPO loss of interq-spec.md §6 against hand-computed values."""
+"""interq.algo.loss: the decoupled PPO loss (docs/algorithm.md) against hand-computed values."""
 
 from __future__ import annotations
 

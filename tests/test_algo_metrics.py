@@ -1,4 +1,4 @@
-"""interq.algo.metrics (interq-spec.md §7) and the import boundary of interq.algo."""
+"""interq.algo.metrics (docs/algorithm.md, "Logged metrics") and the import boundary of interq.algo."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_per_turn_row_with_gaps_is_one_segment():
 
 
 def test_algo_imports_nothing_else_from_interq():
-    """Static check of every import statement in src/interq/algo (imports flow one way: style.md)."""
+    """Static check of every import statement in src/interq/algo (imports flow one way)."""
     import ast
     from pathlib import Path
 

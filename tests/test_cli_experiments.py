@@ -161,7 +161,7 @@ def test_study_setting_resolves_for_every_arm_and_regime():
     assert plan[("matched", "q-interq-B0.1", 1)][1].algo.budget == 0.1
     assert plan[("natural", "q-prefix_is", 0)][1].algo.correction == "prefix_is"
     assert (cfg.env.action_format, cfg.rollout.max_action_tokens, cfg.model.num_layers) == ("text", 10, 4)
-    # the study's first setting (seeds 0-1 of section 3 in docs/results.md): the action's number
+    # the study's first setting (docs/results.md, "The index-answer setting"): the action's number
     old = plan_runs(["q-interq"], [0], SETTINGS["study-index"], ["matched"])[("matched", "q-interq", 0)][1]
     assert (old.env.action_format, old.rollout.max_action_tokens, old.model.num_layers) == ("index", 4, 4)
     assert old.algo == cfg.algo and old.train.steps == cfg.train.steps and old.rollout.kv_bits == 4

@@ -1,4 +1,4 @@
-"""GPU readiness (issue 12 item 6): the executor, engine and learner on CUDA.
+"""GPU readiness: the executor, engine and learner on CUDA.
 
 Two parts:
 

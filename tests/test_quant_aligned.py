@@ -1,4 +1,4 @@
-"""The aligned learner forward (quant-spec.md "Alignment"): same quantize-dequantize as the executor,
+"""The aligned learner forward (docs/executor.md, "Alignment"): same quantize-dequantize as the executor,
 straight-through gradients, and a residual that comes only from real differences."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The aligned learner's weight cache (issue 12): fake-quantized weights computed once per optimizer step give the
+"""The aligned learner's weight cache: fake-quantized weights computed once per optimizer step give the
 same logits and the same gradients, bit for bit, as re-quantizing on every forward, and never a stale value."""
 
 import copy

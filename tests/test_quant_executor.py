@@ -1,5 +1,5 @@
-"""The W8A8 executor: real int8 GEMMs, module policy, weight sync (quant-spec.md "GEMMs", "What stays
-in high precision", "Weight sync")."""
+"""The W8A8 executor: real int8 GEMMs, module policy, weight sync
+(docs/executor.md)."""
 
 import pytest
 import torch

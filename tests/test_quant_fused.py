@@ -1,4 +1,4 @@
-"""The executor's speed paths change no bit (issue 12 item 1): fused q|k|v and gate|up int8 GEMMs against one
+"""The executor's speed paths change no bit: fused q|k|v and gate|up int8 GEMMs against one
 QuantLinear per linear, the few-op quantizers against their textbook formulas, the K|V pair quantization and the
 dequantized copy of the KV cache against the plain cache."""
 
@@ -15,7 +15,7 @@ from interq.quant.linear import FusedQuantLinear, FusedQuantSlice, QuantLinear
 from interq.quant.testing import tiny_causal_lm
 
 
-# ------------------------------------------------------------------ reference formulas (the code before issue 12)
+# ------------------------------------------------------------------ reference formulas (the unfused code path)
 def ref_quant_act_int8_token(x, rounding="half_even", bits=8):
     qmax = 2 ** (bits - 1) - 1
     xf = x.detach().float()

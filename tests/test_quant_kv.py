@@ -1,4 +1,4 @@
-"""The 8-bit KV cache (quant-spec.md "KV cache"): quantize once at write, dequantize on read, row ops."""
+"""The 8-bit KV cache (docs/executor.md, "Formats"): quantize once at write, dequantize on read, row ops."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Quantization primitives against their closed forms (quant-spec.md "Formats"; quant_numerics.md 7.2)."""
+"""Quantization primitives against their closed forms (docs/executor.md, "Formats")."""
 
 import pytest
 import torch
@@ -168,7 +168,7 @@ def test_config_defaults_and_combinations():
         QuantConfig.from_dict({"w_fmt": "int8"})
 
 
-# ------------------------------------------------------------------- integer widths 4..8 (issue 11 item 2)
+# ------------------------------------------------------------------- integer widths 4..8
 BITS = [4, 5, 6, 7, 8]
 
 

@@ -1,5 +1,5 @@
 """INTERQ_REQUIRE_ENGINES=1 (set by `make test`, so by .ci/run): a test skipped for a missing environment engine
-fails; every other skip stays a skip (issue 13 item 8f)."""
+fails; every other skip stays a skip."""
 
 import os
 import re

@@ -1,4 +1,4 @@
-"""Equivalence tests for the rollout engine (issue 4): batched == one-by-one, behavior == learner,
+"""Equivalence tests for the rollout engine: batched == one-by-one, behavior == learner,
 KV reuse == re-prefill, stop / per-turn / context limits, cache freeing, validation."""
 
 from __future__ import annotations

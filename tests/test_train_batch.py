@@ -1,6 +1,6 @@
 """``build_batch`` on real episodes (toy env, tiny policy): GiGPO's per-turn advantages and their broadcast to the
 action tokens against a naive loop (spec §6), and the rule that only actions the environment received are trained,
-in both layouts (spec §5; issue 13 items 8 and 9)."""
+in both layouts (docs/algorithm.md, "The two layouts")."""
 
 import dataclasses
 import statistics
@@ -126,7 +126,7 @@ def test_grpo_broadcasts_the_episode_advantage_to_every_received_action(policy_d
                                rtol=1e-5, atol=1e-6)
 
 
-# ------------------------------------------------------------------------------------------ cut actions (item 9)
+# ------------------------------------------------------------------------------------------ cut actions
 
 CUT_CONTEXT = 97  # toy prompts: first observation 45 tokens, each later one 40; an 8-token action is cut at 97
 

@@ -1,4 +1,4 @@
-"""train.learner_autocast=bf16_backward: fp32 forward, the linear layers' backward GEMMs in bf16 (issue 12 item 4).
+"""train.learner_autocast=bf16_backward: fp32 forward, the linear layers' backward GEMMs in bf16.
 
 The forward is the fp32 one bit for bit (plain and aligned learner), so log-probs, ratios and corrections do not
 move; the gradient is the fp32 gradient up to bf16 rounding of the GEMMs: within 2% (relative L2), cosine > 0.999

@@ -60,7 +60,7 @@ def test_keeps_only_recent_checkpoints(tmp_path):
     assert latest_checkpoint(tmp_path).name == "step_000003"
 
 
-# ---------------------------------------------------------------------------------------------- crash safety (issue 13 items 4, 5)
+# ---------------------------------------------------------------------------------------------- crash safety
 
 
 def _trained():

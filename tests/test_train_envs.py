@@ -1,4 +1,4 @@
-"""Environments through the trainer (issue 14): the worker pool in the agent loop, the benchmark presets, prompts
+"""Environments through the trainer: the worker pool in the agent loop, the benchmark presets, prompts
 for pretrained policies.
 
 - Equivalence: the same seeds give identical episodes in-process and through an EnvPool (household; one wave and

@@ -1,4 +1,4 @@
-"""Fault test (issue 13): ``interq train`` killed with SIGKILL at seeded random points and started again with the same
+"""Fault test: ``interq train`` killed with SIGKILL at seeded random points and started again with the same
 command each time ends as an uninterrupted run ends.
 
 - 4 kills in the warm start (collecting demos, training the tokenizer, the SFT steps, between the file operations of

@@ -1,4 +1,4 @@
-"""train.learner_attention=kernel: the learner's causal self-attention by interq's CPU kernel (issue 12 item 4).
+"""train.learner_attention=kernel: the learner's causal self-attention by interq's CPU kernel.
 
 The kernel (``causal_attention_fwd`` / ``_bwd`` in ``interq.quant.csrc``) is an fp32 computation of its own: its
 output and its three gradients are checked against float64 (torch's SDPA in float64, and a naive softmax loop),

@@ -1,4 +1,4 @@
-"""``interq mismatch``: its per-turn numbers are the trainer's logged metrics on the same episodes (issue 11 item 1),
+"""``interq mismatch``: its per-turn numbers are the trainer's logged metrics on the same episodes,
 the per-turn profile curves against a naive loop, the CLI end to end, bad input rejected before any work."""
 
 import json

@@ -1,4 +1,4 @@
-"""train.learner_gemm=onednn: the learner's fp32 linear layers through oneDNN instead of torch's BLAS (issue 12 item 4).
+"""train.learner_gemm=onednn: the learner's fp32 linear layers through oneDNN instead of torch's BLAS.
 
 The same fp32 arithmetic summed in another order: every GEMM within fp32 rounding of the float64 closed form (forward,
 grad_x, grad_W, bias), log-probs and gradients within rounding of learner_gemm=torch; the no-grad pass (proximal) and

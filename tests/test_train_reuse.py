@@ -1,4 +1,4 @@
-"""No stale result can pass for a new one (issue 11 item 5): a warm start or run directory is reused only when it
+"""No stale result can pass for a new one: a warm start or run directory is reused only when it
 was made from the same inputs by the same numerics; otherwise the CLI stops before any work and names every
 differing field, and ``--fresh`` moves the stale directory aside and starts again."""
 

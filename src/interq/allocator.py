@@ -5,7 +5,7 @@ the kernel and takes fresh, zeroed pages for the next ones: on the 2-core develo
 step took 6-8 million page faults and 52-120 s of system time, varying with the host's state. jemalloc with page
 purging turned off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``: freed pages stay with the process and are
 reused) took the same learner micro-batch (aligned SmolLM2, 2 x 2,020 tokens, 1 thread, its third pass) from 63.5 to
-52.1 CPU s (docs/benchmarks.md, eleventh session). The allocator does not change any number a run computes (torch
+52.1 CPU s (2026-12-02, an AMD EPYC with AVX-512; docs/performance.md). The allocator does not change any number a run computes (torch
 aligns every CPU tensor to 64 bytes whichever allocator serves it; tested: the same run under both).
 
 ``INTERQ_ALLOCATOR``:

@@ -2,7 +2,7 @@
 
 Builds a batch of multi-turn trajectories (default 64 x 8 turns) whose per-token mismatch has a mean
 that drifts along the turns, so the raw prefix log-ratio sum_{k<t} D[k] grows with t, plus a few
-poorly supported spikes.  Runs every correction of interq-spec.md §3-§4, prints one table row per
+poorly supported spikes.  Runs every correction of docs/algorithm.md, prints one table row per
 method and the per-turn accumulation curve, checks the §3 properties on the batch, and ends with one
 line ``RESULT {json}``.  Exit status 0 when every check passes.  Runs in seconds on a CPU.
 """

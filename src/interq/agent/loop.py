@@ -3,10 +3,10 @@
 One call plays a batch of episodes to the end. Each turn the live episodes' new observation text is rendered
 by the chat format into token ids, the engine prefills them into the episode's persistent KV cache and samples
 the action, the action text is parsed (``env.parse_action``, never raises) and stepped in the environment.
-An unparseable action costs ``invalid_action_penalty`` (interq-spec.md §6) and is passed to the environment
+An unparseable action costs ``invalid_action_penalty`` (``env.invalid_action_penalty``) and is passed to the environment
 as-is (the environment answers with its invalid-action feedback).
 
-Two layouts (interq-spec.md §5):
+Two layouts (docs/algorithm.md, "The two layouts"):
 
 * ``concatenated``: one engine session per episode for its whole life, the trajectory is one row holding the
   full history (token in, token out).
@@ -33,7 +33,7 @@ session: one half's actions are submitted to its workers (:meth:`interq.envs.poo
 other half generates while they step; its results are collected just before it generates again (a ping-pong
 pipeline, :func:`_drive`). The episodes are the same as without it (sampling is per episode; log-probs to the
 rounding of a smaller generation batch); the gain is bounded by the smaller of the generation and environment
-times per turn, and generating at half the batch costs more forwards (measured in docs/benchmarks.md: a loss for a
+times per turn, and generating at half the batch costs more forwards (measured: a loss for a
 tiny policy with fast environments, a small gain at 100-300 ms a step).
 
 A worker that crashes or hangs costs only its episode: the pool returns a failure result, the episode ends there

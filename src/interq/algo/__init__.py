@@ -1,4 +1,4 @@
-"""The InterQ-RL math as pure tensor functions (interq-spec.md).  Imports nothing else from interq.
+"""The InterQ-RL math as pure tensor functions (docs/algorithm.md).  Imports nothing else from interq.
 
 - ``interq.algo.corrections``  per-token weights and keep-masks: none, tis, icepop, seq_is, geo_mask,
   prefix_is, interq, interq_uniform (§2-§5)

@@ -1,4 +1,4 @@
-"""Trajectory structure of a batch: tokens -> segments -> turns -> trajectories (interq-spec.md §5).
+"""Trajectory structure of a batch: tokens -> segments -> turns -> trajectories (docs/algorithm.md, "The two layouts").
 
 Internal helper of ``interq.algo``.  Everything here is index arithmetic on the action mask and the
 optional ``traj_id`` / ``turn_idx`` row labels; no Python loop over tokens, segments or rows.

@@ -1,4 +1,4 @@
-"""Advantages of interq-spec.md §6: GRPO and GiGPO, as pure functions returning ``(advantages, metrics)``.
+"""Advantages: GRPO and GiGPO, as pure functions returning ``(advantages, metrics)``.
 
 Group ids and anchor keys
 -------------------------

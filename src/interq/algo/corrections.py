@@ -1,4 +1,4 @@
-"""Off-policy corrections for quantized rollouts: InterQ and its baselines (interq-spec.md §2-§5).
+"""Off-policy corrections for quantized rollouts: InterQ and its baselines (docs/algorithm.md).
 
 Public, stable entry points:
 
@@ -81,7 +81,7 @@ METHODS: tuple[str, ...] = tuple(m.value for m in CorrectionMethod)
 
 @dataclass(frozen=True)
 class CorrectionConfig:
-    """Hyper-parameters of the corrections (interq-spec.md §3-§4)."""
+    """Hyper-parameters of the corrections (docs/algorithm.md)."""
 
     budget: float = 0.5
     """InterQ displacement budget B >= 0 in nats (may be inf)."""
@@ -433,7 +433,7 @@ def interq_prefix_logweights(
     turn_idx: Tensor | None = None,
     uniform_support: bool = False,
 ) -> Tensor:
-    """Lambda of interq-spec.md §3 on every action token ([B, L] float32, 0 off action tokens).
+    """Lambda (docs/algorithm.md, "The budget and its allocation") on every action token ([B, L] float32, 0 off action tokens).
 
     ``exp(Lambda)`` is the prefix weight w_prefix; ``uniform_support=True`` sets every s = 1
     (the ``interq_uniform`` ablation).

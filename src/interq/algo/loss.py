@@ -1,4 +1,4 @@
-"""Decoupled PPO loss of interq-spec.md §6 with correction weights and keep-mask.
+"""Decoupled PPO loss (docs/algorithm.md, "The loss") with correction weights and keep-mask.
 
 ``ratio = exp(current - proximal)``;
 ``loss_token = -w * min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` on kept tokens.

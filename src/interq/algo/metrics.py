@@ -1,4 +1,4 @@
-"""Per-step metrics of interq-spec.md §7, as pure functions returning ``dict[str, float]``.
+"""Per-step metrics (docs/algorithm.md, "Logged metrics"), as pure functions returning ``dict[str, float]``.
 
 Names are stable (loggers and plots key on them):
 

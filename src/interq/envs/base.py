@@ -1,4 +1,4 @@
-"""The one environment protocol every adapter implements (envs.md, "Shape every adapter shares").
+"""The one environment protocol every adapter implements (docs/environments.md).
 
 gymnasium-style: ``reset(task) -> Observation`` and ``step(action) -> StepResult`` with termination
 (the task ended: success or failure) kept apart from truncation (a step or context limit cut it).

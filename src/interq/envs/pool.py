@@ -13,7 +13,7 @@
 Scripts that build a pool must guard their entry point with ``if __name__ == "__main__":`` (``spawn``
 and ``forkserver`` re-import the main module in each worker).
 
-Failure handling (envs.md: "the affected episode is reported as failed, never silently dropped"):
+Failure handling (the affected episode is reported as failed, never silently dropped):
 
 - A worker that dies (killed, segfault, ``os._exit``) or does not answer a step within
   ``step_timeout_s`` is killed; that slot's result is a :class:`StepResult` with ``truncated=True``,

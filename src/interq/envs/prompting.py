@@ -1,4 +1,4 @@
-"""verl-agent-style prompts for the text environments (envs.md, "Conventions").
+"""verl-agent-style prompts for the text environments (docs/environments.md).
 
 Every turn's prompt carries: the task, the step count, the last few (observation, action) pairs,
 the current observation, the admissible actions (where the env has them), and the instruction to

@@ -20,7 +20,7 @@ not connected, the pool calls ``ray.init(**ray_init)`` (default: a local instanc
 runs (Ray's default for actors), so more environments than cores can run, as with the process pool. The pool
 never shuts Ray down: other users of the instance may still need it.
 
-Failure handling (envs.md: "the affected episode is reported as failed, never silently dropped"), as in
+Failure handling (the affected episode is reported as failed, never silently dropped), as in
 ``EnvPool``:
 
 - An actor that dies (``ray.kill``, a crash, its node lost) or does not answer a step within ``step_timeout_s``

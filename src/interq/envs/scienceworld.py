@@ -1,7 +1,7 @@
 """ScienceWorld, the real engine (extra ``interq[scienceworld]``, Java >= 11), behind the Env protocol.
 
 - **One JVM per env**, heap capped: unless ``JAVA_TOOL_OPTIONS`` is already set, the JVM is started
-  with ``-Xmx384m -XX:+UseSerialGC`` (``java_options=``; envs.md: 260-290 MiB instead of ~970 MiB, same
+  with ``-Xmx384m -XX:+UseSerialGC`` (``java_options=``: 260-290 MiB instead of ~970 MiB, same
   speed). Start-up takes about 2 s: build one env and reuse it across episodes.
 - **Fast step path**: ``step`` calls the server's step, score and completion only. ScienceWorld's own
   ``env.step`` re-lists every valid action on every step (about 3x slower); here the valid actions are

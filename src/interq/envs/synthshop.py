@@ -1,7 +1,7 @@
 """``synthshop``: an offline WebShop-STYLE shop with a generated catalog (NOT WebShop's data).
 
 WebShop (Yao et al., 2022) cannot run offline (its product data and search index are downloads
-under an academic license, envs.md). This environment keeps WebShop's interface and reward so the
+under an academic license). This environment keeps WebShop's interface and reward so the
 same agent code and prompts apply, over a synthetic catalog:
 
 - **Catalog** (``Catalog``): products with a category, a product type, a title, attributes,
@@ -17,7 +17,7 @@ same agent code and prompts apply, over a synthetic catalog:
   ``click[< prev]`` goes back, ``click[buy now]`` ends the episode), sub-pages (``click[< prev]``).
   Actions are matched case-insensitively after collapsing blanks. An action that is not available
   on the page leaves the page as it is (``info["valid_action"] = False``).
-- **Reward** at ``buy now`` (envs.md):
+- **Reward** at ``buy now`` (WebShop's formula):
   ``r = r_type * (|goal attrs matched| + |goal options selected| + [price <= budget]) /
   (|goal attrs| + |goal options| + 1)`` with ``r_type`` = 1.0 for the goal's product type, 0.5 for
   another type of the same category, 0.1 otherwise. Success iff r == 1; the reward returned is
@@ -202,7 +202,7 @@ def satisfies(p: Product, goal: ShopGoal) -> bool:
 
 
 def shop_reward(p: Product, selected: dict[str, str], goal: ShopGoal) -> float:
-    """envs.md's formula: r_type * (attrs matched + options matched + [price <= budget]) / (|attrs| + |options| + 1)."""
+    """WebShop's reward: r_type * (attrs matched + options matched + [price <= budget]) / (|attrs| + |options| + 1)."""
     r_type = 1.0 if p.type == goal.type else (0.5 if p.category == goal.category else 0.1)
     attrs = sum(1 for a in goal.attributes if a in p.attributes)
     opts = sum(1 for g, v in goal.options if selected.get(g) == v)

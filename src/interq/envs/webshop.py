@@ -1,6 +1,6 @@
 """WebShop adapter for users who have a WebShop install (princeton-nlp/WebShop).
 
-WebShop cannot be installed here (envs.md): the PyPI package ``webshop`` is a 5 KB stub, the real
+WebShop cannot be installed offline: the PyPI package ``webshop`` is a 5 KB stub, the real
 environment is a source checkout plus product data and a search index downloaded from outside. For
 an offline WebShop-*style* shop, use ``make_env("synthshop")`` (a generated catalog, not WebShop's data).
 

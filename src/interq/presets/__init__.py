@@ -1,1 +1,1 @@
-"""YAML presets: the five arms of interq-spec.md §4 over the household defaults (see interq.train.config)."""
+"""YAML presets: the five arms (docs/algorithm.md) over the household defaults (see interq.train.config)."""

@@ -1,6 +1,6 @@
 """interq.quant: the W8A8-KV8 executor, its 8-bit KV cache, weight sync and the aligned learner forward.
 
-Follows ``shared/design/quant-spec.md``. Usage::
+Described in docs/executor.md. Usage::
 
     import torch
     from interq.quant import QuantConfig, make_executor, make_kv_cache, sync_weights, aligned

@@ -1,4 +1,4 @@
-"""The learner's aligned forward (quant-spec.md "Alignment").
+"""The learner's aligned forward (docs/executor.md, "Alignment").
 
 ``aligned(model, qcfg)`` is a **context manager**: inside it, ``model``'s forward runs the executor's
 quantize-dequantize on weights (per sync: same scales, same fused groups), on activations (dynamic, per

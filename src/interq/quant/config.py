@@ -1,4 +1,4 @@
-"""The quantization config of an executor (quant-spec.md, "Formats").
+"""The quantization config of an executor (docs/executor.md, "Formats").
 
 One frozen dataclass, versioned with every rollout: the trainer needs it to recompute the behavior
 policy's numerics (aligned forward) and to record what produced ``behavior_logprobs``.
@@ -33,7 +33,7 @@ class QuantConfig:
     """W8A8-KV8 numerics (or narrower integer widths). ``QuantConfig()`` is vLLM's online W8A8-INT8 with int8
     per-token-head KV.
 
-    Fields (quant-spec.md "Formats"):
+    Fields (docs/executor.md, "Formats"):
       w_format: ``int8`` (vLLM/SGLang W8A8-INT8), ``fp8_e4m3`` (vLLM ``quantization=fp8``), ``none`` (a
         high-precision executor, the bf16 arm).
       w_granularity: ``channel`` (one scale per output row), ``tensor`` (one scale per *fused* module:

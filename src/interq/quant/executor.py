@@ -1,4 +1,4 @@
-"""Executor conversion and weight sync (quant-spec.md "What stays in high precision", "Weight sync").
+"""Executor conversion and weight sync (docs/executor.md, "Weight sync").
 
 ``make_executor(model, qcfg)`` returns a NEW module (a deep copy; the learner is untouched) of the same
 transformers class, so it keeps the Hugging Face forward signature and ``generate``. Every ``nn.Linear``

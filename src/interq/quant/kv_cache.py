@@ -1,4 +1,4 @@
-"""An 8-bit KV cache on transformers' cache API (quant-spec.md "KV cache").
+"""An 8-bit KV cache on transformers' cache API (docs/executor.md, "Formats").
 
 Each token's K (after RoPE, and after ``k_norm`` where the model has one) and V are quantized exactly
 once, when ``update`` writes them (prefill and every decode step); attention reads them dequantized to the

@@ -1,4 +1,4 @@
-"""The executor's quantized GEMMs (quant-spec.md "GEMMs") and the modules that hold quantized weights.
+"""The executor's quantized GEMMs (docs/executor.md) and the modules that hold quantized weights.
 
 - int8: ``acc = torch._int_mm(q_act[M, K], q_wT[K, N])`` (exact int32), then the CUTLASS epilogue
   ``y = s_a * (s_w * float(acc))`` in fp32 (bias by one fused multiply-add, emulated in float64), cast to

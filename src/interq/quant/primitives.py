@@ -1,5 +1,4 @@
-"""Quantization primitives: pure tensor functions, one per kernel they mirror (quant-spec.md; the
-formulas and their engine sources are in shared/reference/quant_numerics.md section 7.2).
+"""Quantization primitives: pure tensor functions, one per kernel they mirror (docs/executor.md).
 
 Integer widths: the int8 quantizers take ``bits`` (4..8, ``QuantConfig.w_bits`` / ``a_bits`` / ``kv_bits``):
 symmetric with qmax = 2**(bits-1) - 1, so only the scale (amax/qmax) and the clamp change; the codes stay

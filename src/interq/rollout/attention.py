@@ -1,7 +1,7 @@
 """Packed-GQA decode attention for rollout executors (``rollout.attention=sdpa_packed``, the default since
 NUMERICS_VERSION 2).
 
-What it fixes (measured 2026-12-02, docs/benchmarks.md "Decode attention"): transformers' ``sdpa`` attention takes one
+What it fixes (measured 2026-12-02, docs/performance.md "Rollout"): transformers' ``sdpa`` attention takes one
 of two paths for a single query token of a grouped-query model, decided by the batch. When some row is padded the
 mask is kept and the query heads of each KV head are packed as rows of one attention call ([B, H_kv, G, D]); when
 no row is padded transformers drops the mask and calls torch's SDPA with ``enable_gqa=True`` ([B, H, 1, D]), which
@@ -23,14 +23,14 @@ computation in one call (``flash_decode_amx``: the same bits, found step by step
 shape and thread count on a probe when first used, :func:`flash_decode_matches`; torch's own call otherwise, or
 after :func:`use_flash_decode` ``(False)``): torch runs each (row, KV head) of a decode as blocks of 512 keys through
 two oneDNN GEMM calls each, whose fixed cost dominates at a rollout's sizes (1.3-2.2x per layer call at SmolLM2's
-shapes, 48-2,000 cached tokens, docs/benchmarks.md "2026-12-03, nineteenth session").
+shapes, 48-2,000 cached tokens, on an Intel Xeon with AMX on 2026-12-03).
 
 ``packed_kernel`` (opt-in) is ``sdpa_packed`` with the attention computed by interq's CPU kernels
 (``interq.quant.kernels``). A single-token decode by ``decode_attention``: each cached K and V row read once for the
 query heads of its KV head, scores, softmax and the weighted sum of values in fp32. Torch's flash kernel runs these
 one-token problems as small blocks through GEMM calls: at SmolLM2's shapes (16 rows, 1 thread) the kernel takes
 0.19 / 0.79 / 1.70 ms per layer against 0.47 / 2.03 / 5.43 at 256 / 1,024 / 2,048 cached tokens, with the error of
-an fp32 computation against float64 (flash's or less; docs/benchmarks.md "thirteenth session"). A masked prefill
+an fp32 computation against float64 (flash's or less; an AMD EPYC Zen 5 on 2026-12-02). A masked prefill
 (several new tokens over the cache) by ``masked_attention``: the blocking of the learner's causal kernel
 (:mod:`interq.quant.causal_attention`) on fp32 copies of the bf16 K/V, blocks the mask hides skipped, a query row
 with nothing to attend 0 (as torch's). Not the same bits as ``sdpa_packed`` (rounding), so not the default. Where a

@@ -1,6 +1,6 @@
-"""Batched multi-turn generation that keeps each episode's KV cache across turns (issue 4).
+"""Batched multi-turn generation that keeps each episode's KV cache across turns.
 
-Small separable pieces (style.md point 8):
+Small separable pieces:
 
 * :func:`forward_step` - one forward of new tokens into the cache (prefill of an observation chunk, or the
   decode of one token: the same call), returning fp32 logits at the last column;
@@ -43,8 +43,8 @@ def dynamic_cache_factory(model_config: Any) -> Cache:
 
     Measured 2026-12-01 and not kept then: views of a larger buffer made torch's CPU flash kernel several times
     slower through transformers' unpacked decode path. With the packed decode attention (``sdpa_packed``, the
-    rollout's default since NUMERICS_VERSION 2) attention runs as fast on the views and gives the same bits (``docs/benchmarks.md``,
-    twelfth session).
+    rollout's default since NUMERICS_VERSION 2) attention runs as fast on the views and gives the same bits (an AMD EPYC Zen 5,
+    2026-12-02).
     """
     return growing_dynamic_cache(model_config)
 

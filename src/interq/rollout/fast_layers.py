@@ -2,7 +2,7 @@
 
 At a rollout's sizes (SmolLM2-135M, 16 rows, one new token per row) a decode step is dominated by per-call
 overhead, not arithmetic: with the same 30 layers at a tiny width a step still took 38-45 ms on one core
-(docs/benchmarks.md "2026-12-03, twentieth session"). transformers' ``LlamaDecoderLayer`` goes through nine module
+(an Intel Xeon with AMX, 2026-12-03). transformers' ``LlamaDecoderLayer`` goes through nine module
 calls per layer (each ``Module.__call__`` with its hook checks, two with a deprecated-argument wrapper), the fused
 q|k|v and gate|up groups of the int8 executor hand their members' outputs out one module call at a time, and the
 rotary embedding is ten eager ops (``q * cos + rotate_half(q) * sin`` for q and k).

@@ -2,7 +2,7 @@
 
 Pure tensor functions, no model, no cache. The behavior log-prob of a sampled token is its fp32 log-prob
 under the *transformed* distribution (temperature, then top-k, then top-p: the order of vLLM and HF),
-which is the distribution the token was drawn from (interq-spec.md §1, ``behavior_logprobs``).
+which is the distribution the token was drawn from (``behavior_logprobs``, docs/algorithm.md).
 
 Draws use one ``torch.Generator`` per episode and the exponential race
 ``argmax(p / E), E ~ Exp(1)`` (an exact sample from ``p``; tokens of probability 0 are never drawn).
@@ -125,7 +125,7 @@ def exponential_race(generators: Sequence[torch.Generator], vocab: int) -> torch
     run in bulk, rows over torch's threads (the same numbers and generator states, tested): the race of 16 rows of 49k
     took 6.0 ms against 17.1 with the threads below at 2 threads, 10.1 against 14.7 at one (an Intel Xeon,
     ``results/benchmarks/xeon-amx/2026-12-03-packed-bf16-multiturn/sampling.log``); the uniforms alone 3.8 -> 1.1 ms at one thread since the engine
-    runs in blocks (nineteenth session). Otherwise rows are split over
+    runs in blocks (2026-12-03). Otherwise rows are split over
     ``torch.get_num_threads()`` Python threads (torch releases the GIL); each generator is used by one thread in its
     own order, so the numbers are those of the loop (a generator named for two rows draws them in row order, on
     one thread).

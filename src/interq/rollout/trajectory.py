@@ -17,8 +17,8 @@ A :class:`Trajectory` holds the token ids exactly as the executor saw them, in o
 * ``sampling``           the :class:`SamplingParams` used for every action of the episode.
 
 The learner computes its own log-probs on exactly these ids with :func:`sequence_logprobs`, which uses the
-same alignment, so ``(proximal - behavior)[action_mask]`` is the token log-ratio of interq-spec.md §2.
-Segments (interq-spec.md §5, concatenated layout) are the maximal runs of 1 in ``action_mask``; a turn whose
+same alignment, so ``(proximal - behavior)[action_mask]`` is the token log-ratio delta of docs/algorithm.md.
+Segments (the concatenated layout of docs/algorithm.md) are the maximal runs of 1 in ``action_mask``; a turn whose
 action is empty (context truncation before sampling) contributes no segment.
 """
 

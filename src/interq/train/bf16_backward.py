@@ -12,7 +12,7 @@ learner, 832 tokens), two thirds of them in the backward, and a bf16 GEMM runs a
 is native (AVX512_BF16 / AMX CPUs; tensor cores). Unlike ``train.learner_autocast=bf16`` it applies to the
 aligned learner too: nothing upstream of the aligned forward's activation quantization changes, so its int8 codes
 are those of the fp32 forward. What it costs: each gradient GEMM rounds to bf16 (8 significant bits), measured in
-``tests/test_train_bf16_backward.py`` and docs/benchmarks.md "The backward's GEMMs in bf16".
+``tests/test_train_bf16_backward.py`` and docs/performance.md "Learner".
 
 Attention, norms and the other element-wise backward ops keep fp32; only ``F.linear`` calls are taken (the
 decoder's projections, the lm-head, the aligned learner's fake-quantized GEMMs and MoE experts' loops).

@@ -49,10 +49,10 @@ STUDY_BASE_OVERRIDES = [
 # at the rollout temperature (the policy RL trains), groups of 8 episodes, GiGPO at lr 3e-4, 200 steps. Measured in
 # docs/results.md ("Learning settings") before it was fixed here: lr 1e-3 eroded held-out success, 20-turn
 # episodes cost 2.5x more per step. The policy has 4 layers (244k parameters): RL moved the 2-layer policy +5.5
-# points in 200 steps, the 4-layer one +13-15 (docs/results.md, "What makes the tiny policy learn"). Since
-# 2026-12-01 (fourth session) the policy writes its action as text (copying the object's name) instead of the
+# points in 200 steps, the 4-layer one +13-15 (docs/results.md, "Learning settings"). Since
+# 2026-12-01 the policy writes its action as text (copying the object's name) instead of the
 # action's number: held-out success 0.24 -> 0.50 at the warm start and +15 points in 100 RL steps (index: +13 in 200),
-# and its W4A4-KV4 mismatch profile is closer to the warm-started SmolLM2's (docs/results.md, section 2b). The
+# and its W4A4-KV4 mismatch profile is closer to the warm-started SmolLM2's (docs/results.md, "Mismatch profiles and the matched regime"). The
 # index-answer setting the first seeds of the study ran in stays available as ``study-index``.
 STUDY_INDEX_OVERRIDES = [
     "model.num_layers=4",
@@ -87,7 +87,7 @@ SETTINGS = {"demo": DEMO_OVERRIDES, "study": [*STUDY_BASE_OVERRIDES, *STUDY_OVER
             "study-1k": [*STUDY_BASE_OVERRIDES, *STUDY_1K_OVERRIDES],
             "study-index": [*STUDY_BASE_OVERRIDES, *STUDY_INDEX_OVERRIDES], "none": []}
 
-# Executor regimes of the comparison study (issue 11 item 4). ``natural``: the arms' own W8A8-KV8 executor.
+# Executor regimes of the comparison study. ``natural``: the arms' own W8A8-KV8 executor.
 # ``matched``: a W4A4-KV4 executor, whose mismatch profile on the tiny household policy (per-token |delta|, growth of
 # the prefix log-ratio, share of rows where InterQ's budget binds) is within a factor 2 of a warm-started
 # SmolLM2-135M's W8A8-KV8 profile (docs/results.md, measured with ``interq mismatch``). A regime changes only the

@@ -1,4 +1,4 @@
-"""``interq mismatch``: how far the learner's log-probs sit from the executor's, turn by turn (issue 11 item 1).
+"""``interq mismatch``: how far the learner's log-probs sit from the executor's, turn by turn.
 
 Given a policy, an environment and an executor configuration (the preset's ``rollout.*``), it
 

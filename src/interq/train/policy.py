@@ -4,7 +4,7 @@ Both are saved in the standard formats (``model.safetensors`` + ``config.json``,
 ``tokenizer_config.json``) so that :func:`load_policy` reads a tiny policy, SmolLM2-135M-Instruct or any
 transformers causal-LM checkpoint directory with the same code.
 
-With a 49k vocabulary ~90% of a tiny model's parameters sit in the embedding (practical.md); a byte-level
+With a 49k vocabulary ~90% of a tiny model's parameters sit in the embedding; a byte-level
 BPE of a few hundred tokens trained on the environment's own text keeps the model at ~100k parameters, so it
 trains on a CPU in minutes.
 """

@@ -1,4 +1,4 @@
-"""What a stored result was computed from, so that no stale result can pass for a new one (issue 11 item 5).
+"""What a stored result was computed from, so that no stale result can pass for a new one.
 
 A warm start and an RL run are reused only when they were computed from the same inputs by the same numerics:
 
@@ -55,10 +55,9 @@ stored under another version then refuses to be reused (``--report-only`` still 
   GEMMs in bf16, the forward fp32) on a CPU learner where bf16 is native, else ``off``; ``train.learner_attention``
   (new) is ``kernel`` (interq's causal attention, fp32, to rounding: log-probs and gradients change) on a CPU
   learner where interq's CPU kernels load, else ``sdpa``. Where both resolve to the old values (a CUDA learner,
-  or no bf16 and no compiler) the numbers are version 3's. Since the seventeenth session ``auto`` resolves
-  ``train.learner_attention`` to ``sdpa`` on Intel CPUs too, and in the twenty-third session only also on CPUs
-  without AVX-512 (the kernel was slower there until the twenty-fourth's AVX2 tiles; CPUs with neither AVX-512 nor
-  AVX2 + FMA keep ``sdpa``): not a bump, since the
+  or no bf16 and no compiler) the numbers are version 3's. Since 2026-12-03 ``auto`` resolves
+  ``train.learner_attention`` to ``sdpa`` on Intel CPUs too, and CPUs with neither AVX-512 nor AVX2 + FMA keep
+  ``sdpa`` (from 2026-12-03 to 2026-12-04 CPUs without AVX-512 did too, until the kernel's AVX2 tiles): not a bump, since the
   resolved value is what a run's config records and what resume compares; a given resolved config computes
   version 4's numbers.
 """

@@ -1,4 +1,4 @@
-"""The RL loop: one readable file (issue 6 item 3; interq-spec.md §1-§7).
+"""The RL loop: one readable file (docs/algorithm.md).
 
 Each step:
 
@@ -31,7 +31,7 @@ Deliberate departures from the paper (arXiv 2610.35303, only its abstract is pub
   episodes (:mod:`interq.agent.loop`). Generation and environment steps alternate; they do not overlap.
 * An episode whose environment worker crashed or hung (``Episode.failed``) is reported (``env/failed_episodes``)
   and not trained on: its truncated reward says nothing about the policy, so it is left out of the batch and of
-  its task group's advantage baseline (spec §6 groups the episodes that were played; envs.md: a failed episode is
+  its task group's advantage baseline (spec §6 groups the episodes that were played; a failed episode is
   reported, never silently dropped). It counts as not won in ``rollout/success`` and ``eval/success``. A step
   whose every episode failed makes no update (``optim/steps`` 0).
 * Micro-batches hold whole trajectories (all per-turn rows of an episode together) so that, when the proximal

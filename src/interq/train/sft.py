@@ -1,4 +1,4 @@
-"""Warm start: supervised fine-tuning on expert demonstrations (issue 6, item 2).
+"""Warm start: supervised fine-tuning on expert demonstrations.
 
 The demonstrations are rendered with the *same* chat format the rollout engine uses (token in, token out),
 and the loss is the mean cross-entropy of the action tokens plus ``observation_weight`` times the mean

@@ -11,7 +11,7 @@ and at the end whether both engines report success. Headline numbers (``Fidelity
 compared states (initial + after each step) whose sets are equal. Every disagreement is recorded
 with the task, step, action and the set difference.
 
-Run ``python -m interq.envs.alfworld.fidelity --per-type 50`` for the report in ``docs/envs.md``.
+Run ``python -m interq.envs.alfworld.fidelity --per-type 50`` for the report in ``docs/environments.md``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``HouseholdEnv``: the built-in ALFWorld-style environment behind ``make_env("household")``.
 
-Episode contract (verl-agent's ALFWorld conventions, envs.md):
+Episode contract (verl-agent's ALFWorld conventions):
 
 - ``reset(task)`` returns ALFWorld's intro without the TextWorld banner: "You are in the middle of a
   room. Looking quickly around you, you see ...\\n\\nYour task is to: put a clean apple in fridge."

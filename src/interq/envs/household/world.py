@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# ALFWorld's six task types (the ``task_type`` strings of its traj_data.json, shortened as envs.md names them).
+# ALFWorld's six task types (the ``task_type`` strings of its traj_data.json, shortened).
 TASK_TYPES: tuple[str, ...] = (
     "pick_and_place",
     "look_at_obj_in_light",

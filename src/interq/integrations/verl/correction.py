@@ -1,4 +1,4 @@
-"""InterQ's correction on a verl batch (interq-spec.md §3-§5, §7), replacing verl's IS weights.
+"""InterQ's correction on a verl batch (docs/algorithm.md), replacing verl's IS weights.
 
 verl computes rollout-correction weights on the driver, over the whole batch, in
 ``verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_and_add_to_batch(batch, cfg)``

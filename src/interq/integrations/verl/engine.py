@@ -3,7 +3,7 @@
 verl's fp8 rollout (``actor_rollout_ref.rollout.quantization=fp8``) runs vLLM with blockwise e4m3
 weights (128x128 blocks, scale amax/448), dynamic per-token-group (1x128) e4m3 activations, the MoE
 router ``mlp.gate`` excluded, and an unquantized KV cache. The matching aligned forward
-(quant-spec.md "Alignment") is ``interq.quant.aligned(model, QuantConfig(w_format="fp8_e4m3",
+(docs/executor.md, "Alignment") is ``interq.quant.aligned(model, QuantConfig(w_format="fp8_e4m3",
 w_granularity="block128", a_granularity="group128", kv_format="none"))``: the same quantize-dequantize
 on every decoder linear, with a straight-through estimator so gradients reach the master weights.
 
