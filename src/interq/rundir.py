@@ -476,8 +476,8 @@ def command(name: str, default_out: str | None = None) -> Callable:
     def deco(fn):
         @functools.wraps(fn)
         def wrapper(argv: list[str]) -> int:
-            if any(a in ("-h", "--help") for a in argv):
-                return fn(argv)
+            if any(a in ("-h", "--help") or a.startswith("--help-config") for a in argv):
+                return fn(argv)  # help only: nothing is written, so no --out is taken
             out, force = default_out, False
             for i, a in enumerate(argv):
                 if a == "--out" and i + 1 < len(argv):
