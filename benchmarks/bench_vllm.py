@@ -87,35 +87,18 @@ def write_w8a8_checkpoint(src: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from interq.quant.primitives import quant_weight_int8
+    from interq.integrations.verl.w8a8 import compressed_tensors_config, quantize_weights
 
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".w8a8-"))
     state = load_file(str(src / "model.safetensors"))
-    linears = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    new = {}
-    for name, w in state.items():
-        mod = name.rsplit(".", 2)
-        if name.endswith(".weight") and ".layers." in name and len(mod) == 3 and mod[1] in linears:
-            q, s = quant_weight_int8(w.float(), "channel", "sym127")  # [N, K] int8, [N, 1] fp32
-            new[name] = q.contiguous()
-            new[name[: -len("weight")] + "weight_scale"] = s.float().contiguous()
-        else:
-            new[name] = w.to(torch.bfloat16).contiguous()
+    # the verl rollout's conversion (int8 codes and fp32 scales of the decoder's linears); the rest in bf16
+    new = {name: (t if t.dtype == torch.int8 or name.endswith("weight_scale") else t.to(torch.bfloat16)).contiguous()
+           for name, t in quantize_weights((name, w.float()) for name, w in state.items())}
     save_file(new, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "int-quantized",
-        "quantization_status": "compressed",
-        "config_groups": {"group_0": {
-            "targets": ["Linear"],
-            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
-            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
-        }},
-        "ignore": ["lm_head"],
-    }
+    config["quantization_config"] = compressed_tensors_config()
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     for f in src.iterdir():
         if f.is_file() and f.name not in ("model.safetensors", "config.json"):
