@@ -321,8 +321,9 @@ class TrainConfig:
     tasks_per_step: int = _f(4, "Task instances sampled per RL step.", bounds=POSITIVE)
     episodes_per_task: int = _f(4, "Episodes played per task instance: the advantage's group size G (>= 2 for grpo "
                                 "and gigpo).", bounds=POSITIVE)
-    tokens_per_microbatch: int = _f(4096, "Gradient-accumulation unit: rows packed up to this many tokens per "
-                                    "forward and backward.", bounds=POSITIVE)
+    tokens_per_microbatch: int = _f(4096, "Gradient-accumulation unit: whole episodes packed until the learner's "
+                                    "forward over their distinct rows, in length buckets, computes this many padded "
+                                    "tokens (an episode over it: alone).", bounds=POSITIVE)
     eval_every_steps: int = _f(5, "Evaluate held-out success before RL, every N steps and at the last step (0: "
                                "never).", bounds=NON_NEGATIVE)
     eval_episodes_per_task: int = _f(1, "Episodes played per held-out task at each evaluation.", bounds=POSITIVE)

@@ -66,6 +66,8 @@ STUDY_INDEX_OVERRIDES = [
     "train.steps=200",
     "train.eval_every_steps=25",
     "train.checkpoint_every_steps=25",
+    # the tiny policy's learner holds 16k tokens in a few MB; a larger pack holds more of a group's repeated turns
+    "train.tokens_per_microbatch=16384",
 ]
 STUDY_OVERRIDES = [*STUDY_INDEX_OVERRIDES, "env.action_format=text", "rollout.max_action_tokens=10"]
 # The study with an evaluation that is not the noise: 1,000 held-out task instances (one episode each; a larger

@@ -36,7 +36,7 @@ import yaml
 from interq.train.atomic import write_text_atomic as _write_atomic
 from interq.train.config import ConfigError, RunConfig, resolve_auto, to_dict
 
-NUMERICS_VERSION = 4
+NUMERICS_VERSION = 5
 """Bump when a change alters the numbers a run produces (engine, sampling, quantization, corrections, loss,
 advantages, environments, demos, tokenizer training, warm start, a config default): every warm start and run
 stored under another version then refuses to be reused (``--report-only`` still reads them, saying so).
@@ -60,6 +60,10 @@ stored under another version then refuses to be reused (``--report-only`` still 
   ``sdpa`` (from 2026-12-03 to 2026-12-04 CPUs without AVX-512 did too, until the kernel's AVX2 tiles): not a bump, since the
   resolved value is what a run's config records and what resume compares; a given resolved config computes
   version 4's numbers.
+* 5: the learner's forward computes each distinct row of a micro-batch once, in length buckets
+  (:func:`interq.train.rl.micro_batches`), and packs micro-batches by the tokens that forward computes; the
+  study settings pack 16,384 tokens. Log-probs and losses are the same values, gradients change by float
+  rounding (other GEMM shapes, another accumulation order).
 """
 
 DEFAULT_CHANGES: dict[int, dict[str, tuple[Any, Any]]] = {2: {"rollout.attention": ("sdpa", "sdpa_packed")},

@@ -20,9 +20,10 @@ Each step:
 7. **sync**  the learner's new weights re-quantized into the executor (``interq.quant.sync_weights``).
 8. **eval** every ``eval_every_steps`` on the held-out split; **checkpoint** every ``checkpoint_every_steps``.
 
-Learner forward passes are counted with a forward hook on the learner (``learner/forward_calls``: micro-batch
-forwards; ``learner/forward_passes``: full passes over the step's batch). q-interq adds none over q-tis: the
-correction is a pure function of log-probs already computed.
+Learner forwards are counted: ``learner/forward_calls`` (a forward hook: one per length bucket of a micro-batch),
+``learner/forward_passes`` (passes over the step's batch) and ``learner/distinct_row_frac`` (the share of rows a
+pass computed: a repeated row is computed once). q-interq adds none over q-tis: the correction is a pure function
+of log-probs already computed.
 
 Deliberate departures from the paper (arXiv 2610.35303, only its abstract is public):
 
@@ -136,19 +137,61 @@ def build_batch(episodes: list[Episode], cfg: AlgoConfig, pad_id: int) -> Batch:
                  row_ep, rows[0].sampling.temperature, rows[0].sampling.top_p, adv_metrics)
 
 
-def micro_batches(batch: Batch, row_subset: list[int], tokens_per_microbatch: int) -> list[list[int]]:
-    """Pack rows (whole episodes together, in order) so rows x max length <= tokens_per_microbatch."""
+# A forward's rows are cut into length buckets: a row joins the bucket of the longer rows before it while its length
+# is at least this share of the bucket's width (right padding past it is computed and thrown away).
+BUCKET_FILL = 0.8
+
+
+def row_keys(batch: Batch) -> list[bytes]:
+    """One key per row: its tokens and its scored (action) positions. Rows with the same key have the same learner
+    log-probs, so a forward computes each distinct one once (a group's episodes often repeat each other's turns)."""
     lengths = batch.attention_mask.sum(-1).tolist()  # [B]
+    ids, act = batch.input_ids.numpy(), batch.action_mask.numpy()
+    return [ids[r, :n].tobytes() + act[r, :n].tobytes() for r, n in enumerate(lengths)]
+
+
+def length_buckets(lengths: list[int], fill: float = BUCKET_FILL) -> list[int]:
+    """Sizes of the buckets that ``lengths`` (sorted longest first) are cut into: a bucket takes the next row while
+    that row is at least ``fill`` x the bucket's first (longest) row."""
+    sizes: list[int] = []
+    width = None
+    for n in lengths:
+        if width is None or n < fill * width:
+            sizes.append(0)
+            width = n
+        sizes[-1] += 1
+    return sizes
+
+
+def forward_tokens(lengths: list[int], fill: float = BUCKET_FILL) -> int:
+    """Padded tokens the bucketed forward over rows of ``lengths`` (distinct rows, any order) computes."""
+    ordered = sorted(lengths, reverse=True)
+    total, start = 0, 0
+    for size in length_buckets(ordered, fill):
+        total += size * ordered[start]
+        start += size
+    return total
+
+
+def micro_batches(batch: Batch, row_subset: list[int], tokens_per_microbatch: int) -> list[list[int]]:
+    """Pack rows (whole episodes together, in order: the correction and the sequence mean need an episode's rows
+    together) so that the forward of each pack, over its distinct rows in length buckets
+    (:func:`forward_tokens`), computes at most ``tokens_per_microbatch`` padded tokens (one episode over it: alone)."""
+    lengths = batch.attention_mask.sum(-1).tolist()  # [B]
+    keys = row_keys(batch)
     by_ep: dict[int, list[int]] = {}
     for r in row_subset:
         by_ep.setdefault(batch.row_episode[r], []).append(r)
-    out, cur, width = [], [], 0
+    out: list[list[int]] = []
+    cur: list[int] = []
+    seen: dict[bytes, int] = {}  # distinct rows of the current pack -> length
     for rows in by_ep.values():
-        w = max(width, *(lengths[r] for r in rows))
-        if cur and (len(cur) + len(rows)) * w > tokens_per_microbatch:
+        new = {keys[r]: lengths[r] for r in rows if keys[r] not in seen}
+        if cur and forward_tokens([*seen.values(), *new.values()]) > tokens_per_microbatch:
             out.append(cur)
-            cur, w = [], max(lengths[r] for r in rows)
-        cur, width = cur + rows, w
+            cur, seen, new = [], {}, {keys[r]: lengths[r] for r in rows}
+        cur += rows
+        seen.update(new)
     if cur:
         out.append(cur)
     return out
@@ -175,8 +218,8 @@ class Learner:
         self.model, self.cfg, self.qcfg = model, cfg, qcfg
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-        self.forward_calls = 0  # learner forwards (micro-batches)
-        self.forward_rows = 0   # rows those forwards covered: / batch rows = passes over the batch
+        self.forward_calls = 0  # learner forwards (a micro-batch's length buckets: one each)
+        self.forward_rows = 0   # rows those forwards computed (each distinct row of a micro-batch once)
         model.register_forward_hook(self._count, with_kwargs=True)
         if cfg.train.gradient_checkpointing:
             # each decoder layer's activations are recomputed in the backward (non-reentrant: the recomputation runs
@@ -265,13 +308,41 @@ def learner_context(model: torch.nn.Module, align: bool, qcfg=None, autocast: st
 
 
 def _sequence_logprobs(model: torch.nn.Module, mb: dict, batch: Batch) -> torch.Tensor:
+    """Log-probs of a micro-batch's rows [b, width]: each distinct row (:func:`row_keys`) computed once, the rows
+    sorted by length and cut into buckets (:func:`length_buckets`), one forward each. The same values as one
+    forward over the padded rows, up to the summation order of other GEMM shapes; a repeated row's gradient is the
+    sum of its copies' (the index below)."""
     from interq.rollout import sequence_logprobs
 
     dev = next(model.parameters()).device  # train.device: the batch stays on the CPU, the forward runs there
-    # only action tokens are used (correction, loss, metrics): project to the vocabulary only there
-    out = sequence_logprobs(model, mb["input_ids"].to(dev), mb["attention_mask"].to(dev), temperature=batch.temperature,
-                            top_p=batch.top_p, score_mask=mb["action_mask"].to(dev))
-    return out.to(mb["input_ids"].device)
+    ids, mask, act = mb["input_ids"], mb["attention_mask"], mb["action_mask"]  # [b, width]
+    lengths = mask.sum(-1).tolist()
+    a_ids, a_act = ids.numpy(), act.numpy()
+    distinct: dict[bytes, int] = {}  # key -> position among the distinct rows
+    reps: list[int] = []  # the first row of each distinct one
+    which = []  # [b] each row's distinct one
+    for r, n in enumerate(lengths):
+        key = a_ids[r, :n].tobytes() + a_act[r, :n].tobytes()
+        if key not in distinct:
+            distinct[key] = len(reps)
+            reps.append(r)
+        which.append(distinct[key])
+    order = sorted(range(len(reps)), key=lambda i: -lengths[reps[i]])  # distinct rows, longest first
+    width = ids.shape[1]
+    pieces, start = [], 0
+    for size in length_buckets([lengths[reps[i]] for i in order]):
+        rows = torch.tensor([reps[i] for i in order[start:start + size]])
+        w = lengths[int(rows[0])]
+        # only action tokens are used (correction, loss, metrics): project to the vocabulary only there
+        out = sequence_logprobs(model, ids[rows, :w].to(dev), mask[rows, :w].to(dev), temperature=batch.temperature,
+                                top_p=batch.top_p, score_mask=act[rows, :w].to(dev))  # [size, w]
+        pieces.append(torch.nn.functional.pad(out, (0, width - w)))  # [size, width], 0 past each row
+        start += size
+    position = [0] * len(reps)
+    for k, i in enumerate(order):
+        position[i] = k
+    computed = torch.cat(pieces)  # [u, width] in ``order``
+    return computed[torch.tensor([position[i] for i in which], device=computed.device)].to(ids.device)  # [b, width]
 
 
 def learner_logprobs(model: torch.nn.Module, mb: dict, batch: Batch, align: bool, qcfg=None,
@@ -318,6 +389,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     ccfg = correction_config(a)
     model = learner.model
     calls0, rows0 = learner.forward_calls, learner.forward_rows
+    scored = 0  # rows whose log-probs the learner's passes gave: / batch rows = passes over the batch
     all_rows = list(range(batch.input_ids.shape[0]))
     proximal = torch.zeros_like(batch.behavior_logprobs)  # [B, L]
     skip = skips_proximal_pass(a)
@@ -325,6 +397,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     if not skip:
         proximal = proximal_logprobs(model, batch, t.tokens_per_microbatch, a.align, learner.qcfg,
                                      t.learner_autocast, t.learner_gemm, t.learner_attention)  # [B, L]
+        scored += len(all_rows)
         corr = compute_correction(a.correction, proximal, batch.behavior_logprobs, batch.action_mask,
                                   traj_id=batch.traj_id, turn_idx=batch.turn_idx, config=ccfg)
         weights, keep = corr.weights, corr.keep_mask  # [B, L]
@@ -348,6 +421,7 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
             kept_tokens, kept_seqs = 0, set()  # what the correction really kept (skip: known only after the forward)
             for rows in micro_batches(batch, rows_mb, t.tokens_per_microbatch):
                 mb = _rows(batch, rows)
+                scored += len(rows)
                 with learner.context():  # the backward too: gradient checkpointing recomputes this forward
                     current = learner.logprobs(mb, batch, entered=True)  # [b, l]
                     if skip:
@@ -399,11 +473,12 @@ def update(learner: Learner, batch: Batch, cfg: RunConfig, step: int = 0) -> dic
     n_opt = max(stats["optim/steps"], 1)
     calls = learner.forward_calls - calls0
     n_mb = len(micro_batches(batch, all_rows, t.tokens_per_microbatch))
-    passes = (learner.forward_rows - rows0) / max(len(all_rows), 1)
+    passes = scored / max(len(all_rows), 1)
     out = {**corr.metrics, **batch.metrics, "loss/policy": stats["loss/policy"] / n_opt, "loss/clip_frac": stats["loss/clip_frac"] / max(n_tok, 1),
            "optim/grad_norm": stats["optim/grad_norm"] / n_opt, "optim/steps": stats["optim/steps"],
            "optim/nonfinite_steps": stats["optim/nonfinite_steps"],
            "learner/forward_calls": calls, "learner/forward_passes": passes,
+           "learner/distinct_row_frac": (learner.forward_rows - rows0) / max(scored, 1),
            "learner/proximal_pass_skipped": skip, "learner/microbatches": n_mb}
     return out
 
