@@ -47,9 +47,9 @@ CASES = [
     ("train", ["warm_start.enabled=maybe"], "warm_start.enabled"),
     # rollout (with the integer widths)
     ("train", ["rollout.executor=int4"], "rollout.executor"),
-    ("train", ["--preset", "q-interq", "rollout.w_bits=3"], "rollout.w_bits"),
+    ("train", ["--preset", "q-interq", "rollout.w_bits=1"], "rollout.w_bits"),
     ("train", ["--preset", "q-interq", "rollout.a_bits=9"], "rollout.a_bits"),
-    ("train", ["--preset", "q-interq", "rollout.kv_bits=2"], "rollout.kv_bits"),
+    ("train", ["--preset", "q-interq", "rollout.kv_bits=0"], "rollout.kv_bits"),
     ("train", ["--preset", "bf16", "rollout.w_bits=4"], "rollout.w_bits"),  # bf16 executor has no integer width
     ("train", ["--preset", "q-interq", "rollout.kv_format=fp8_tensor", "rollout.kv_bits=4"], "rollout.kv_bits"),
     ("train", ["rollout.temperature=inf"], "rollout.temperature"),

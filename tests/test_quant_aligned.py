@@ -190,7 +190,7 @@ def _token_logprobs(logits, ids):
     return torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
-@pytest.mark.parametrize("bits", [(8, 8, 8), (4, 8, 8), (8, 8, 4), (4, 4, 4)], ids=lambda b: "W{}A{}-KV{}".format(*b))
+@pytest.mark.parametrize("bits", [(8, 8, 8), (4, 8, 8), (8, 8, 4), (4, 4, 4), (2, 2, 2)], ids=lambda b: "W{}A{}-KV{}".format(*b))
 @pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
 def test_aligned_learner_logprobs_match_executor_behavior_at_any_width(kind, bits):
     """The executor's behaviour log-probs (prefill, then token-by-token decode against its quantized cache)

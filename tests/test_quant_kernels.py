@@ -34,7 +34,7 @@ def _awkward(shape, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("bits", [8, 6, 4])
+@pytest.mark.parametrize("bits", [8, 6, 4, 3, 2])
 def test_activation_quantizer_equals_the_primitive(mod, dtype, bits):
     for shape in [(16, 576), (5, 7), (1, 1536), (33, 64)]:
         x = _awkward(shape, dtype, seed=shape[1])
@@ -140,7 +140,7 @@ def _bits32(t):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, 2])
 def test_aligned_activation_fake_quant_equals_the_eager_ste(mod, dtype, bits):
     from interq.quant.aligned import fq_activation
 

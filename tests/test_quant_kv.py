@@ -130,7 +130,7 @@ def test_kv_format_none_or_sliding_layers_rejected_for_quant_layer():
         make_kv_cache(QuantConfig(), m.config)
 
 
-@pytest.mark.parametrize("bits", [4, 6])
+@pytest.mark.parametrize("bits", [2, 3, 4, 6])
 def test_narrow_kv_codes_stored_in_int8_and_read_dequantized(bits):
     """kv_bits < 8: codes in [-qmax, qmax], one per int8 byte (not packed), read back as fake_quant_kv."""
     qmax = 2 ** (bits - 1) - 1

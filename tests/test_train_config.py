@@ -105,8 +105,8 @@ def test_configs_are_frozen_and_documented():
 
 
 @pytest.mark.parametrize("preset, override, needle", [
-    ("q-interq", "rollout.w_bits=3", "rollout.w_bits=3 is not accepted; it must be an integer in [4, 8]"),
-    ("q-interq", "rollout.a_bits=9", "rollout.a_bits=9 is not accepted; it must be an integer in [4, 8]"),
+    ("q-interq", "rollout.w_bits=1", "rollout.w_bits=1 is not accepted; it must be an integer in [2, 8]"),
+    ("q-interq", "rollout.a_bits=9", "rollout.a_bits=9 is not accepted; it must be an integer in [2, 8]"),
     ("q-interq", "rollout.kv_bits=4.5", "rollout.kv_bits: expected an integer, got 4.5"),
     ("q-interq", "rollout.w_bits=true", "rollout.w_bits: expected an integer, got True"),
     ("bf16", "rollout.w_bits=4", "rollout.w_bits=4 needs rollout.executor='w8a8' (got 'bf16')"),

@@ -15,7 +15,7 @@ A_GRANULARITIES = ("auto", "token", "group128")
 A_INT8_ROUNDINGS = ("half_even", "half_away")
 KV_FORMATS = ("none", "int8_per_token_head", "fp8_per_token_head", "fp8_tensor")
 STORES = ("round", "trunc")
-BITS = (4, 5, 6, 7, 8)  # integer widths of w_bits / a_bits / kv_bits
+BITS = (2, 3, 4, 5, 6, 7, 8)  # integer widths of w_bits / a_bits / kv_bits
 
 
 def int_qmax(bits: int) -> int:
@@ -53,12 +53,12 @@ class QuantConfig:
       kv_tensor_scale: the per-layer K and V scale of ``fp8_tensor``.
       exclude: name suffixes of decoder linears kept in high precision (the MoE router ``mlp.gate`` and any
         ``shared_expert_gate``). Embeddings, lm_head, norms and rotary are never quantized.
-      w_bits, a_bits, kv_bits: integer widths in 4..8 (default 8) of the int8 formats: the weights of
+      w_bits, a_bits, kv_bits: integer widths in 2..8 (default 8) of the int8 formats: the weights of
         ``w_format='int8'``, the activations of those int8 GEMMs, the K/V of ``kv_format='int8_per_token_head'``.
         Symmetric, qmax = 2**(bits-1) - 1: scale amax/qmax and codes in [-qmax, qmax] (``full127p5``:
         amax/(qmax+0.5), codes in [-(qmax+1), qmax]). The codes stay in int8 tensors and run through the same
         exact int32 kernels; only the scale and the clamp change, so 8 is bit-identical to the 8-bit formats.
-        ``w_bits=4`` gives the 4-bit weights of W4A8 / W4A16 serving (activations here stay integer, 4..8 bits),
+        ``w_bits=4`` gives the 4-bit weights of W4A8 / W4A16 serving (activations here stay integer, 2..8 bits),
         ``kv_bits=4`` a 4-bit KV cache; W4A4-KV4 is the stress setting of the comparison study. Codes are not
         packed: memory and speed stay those of int8.
         A width other than 8 on an fp8 or ``none`` format is rejected.

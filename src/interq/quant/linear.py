@@ -19,7 +19,7 @@
   and batch invariant), scales applied in the same order. Hopper's FastAccum fp8 GEMM accumulates in
   reduced precision (~1e-3 relative): that is a documented tolerance, not reproduced.
 
-Narrower integer widths (``QuantConfig.w_bits`` / ``a_bits`` in 4..8) only change the codes' scale and
+Narrower integer widths (``QuantConfig.w_bits`` / ``a_bits`` in 2..8) only change the codes' scale and
 clamp: they are still int8 tensors through the same kernels and exact int32 accumulators.
 """
 

@@ -1,6 +1,6 @@
 """Quantization primitives: pure tensor functions, one per kernel they mirror (docs/executor.md).
 
-Integer widths: the int8 quantizers take ``bits`` (4..8, ``QuantConfig.w_bits`` / ``a_bits`` / ``kv_bits``):
+Integer widths: the int8 quantizers take ``bits`` (2..8, ``QuantConfig.w_bits`` / ``a_bits`` / ``kv_bits``):
 symmetric with qmax = 2**(bits-1) - 1, so only the scale (amax/qmax) and the clamp change; the codes stay
 int8 tensors. At ``bits=8`` every formula below is the 8-bit one, operation for operation.
 

@@ -103,7 +103,7 @@ NON_NEGATIVE = Bounds(0)
 POSITIVE_OR_INF = Bounds(0, low_open=True, inf_ok=True)
 NON_NEGATIVE_OR_INF = Bounds(0, inf_ok=True)
 UNIT = Bounds(0, 1)
-BITS = Bounds(4, 8)
+BITS = Bounds(2, 8)
 SEED = Bounds(-(2**20), 2**20)  # the episode and per-turn seeds derived from it stay within torch's 64-bit seeds
 ADAM_BETA = Bounds(0, 0.999999)
 

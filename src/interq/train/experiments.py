@@ -97,8 +97,8 @@ SETTINGS = {"demo": DEMO_OVERRIDES, "study": [*STUDY_BASE_OVERRIDES, *STUDY_OVER
 REGIMES: dict[str, list[str]] = {
     "natural": [],
     "matched": ["rollout.w_bits=4", "rollout.a_bits=4", "rollout.kv_bits=4"],
-    # the mismatch-strength curve: the executor between W8A8-KV8 (natural) and W4A4-KV4 (matched)
-    **{f"w{b}a{b}kv{b}": [f"rollout.w_bits={b}", f"rollout.a_bits={b}", f"rollout.kv_bits={b}"] for b in (7, 6, 5)},
+    # the mismatch-strength curve: the executor between W8A8-KV8 (natural) and W4A4-KV4 (matched), and past it
+    **{f"w{b}a{b}kv{b}": [f"rollout.w_bits={b}", f"rollout.a_bits={b}", f"rollout.kv_bits={b}"] for b in (7, 6, 5, 3, 2)},
 }
 REGIME_EXECUTORS = {"natural": "W8A8-KV8", "matched": "W4A4-KV4 (mismatch matched to a warm-started SmolLM2's W8A8-KV8)"}
 # What the comparison study found (docs/results.md, "The study"); the demo prints it beside its own table.
