@@ -1,5 +1,5 @@
 #!/bin/bash
-# One SmolLM2 RL step, the issue-12 measurement (8 episodes x 10 turns, concatenated layout, preset q-interq, one
+# One SmolLM2 RL step, the RL-step target's measurement (8 episodes x 10 turns, concatenated layout, preset q-interq, one
 # torch thread, under /usr/bin/time -v), on this checkout or on another commit through a worktree on the same venv;
 # for before/after figures run them bracketed (main, other, main): this kind of VM's speed drifts within the hour.
 #
