@@ -1,0 +1,475 @@
+"""Which of interq's hand-written CPU speed pieces the steps a user waits for actually feel: each piece turned off
+(routed to its torch reference or fallback, the same numbers or within rounding) against everything on.
+
+Workloads (process CPU seconds of the measured part only, one torch thread; each measurement a fresh process, so
+that the switches read at import time apply):
+
+- ``study``: one step of the comparison study (``--setting study-1k --regimes matched``: the tiny household policy
+  from the shipped warm start ``interq/policies/household_text``, 8 tasks x 8 episodes, a W4A4-KV4 executor, the
+  q-interq arm): its rollout of 64 episodes (``study_rollout``, played ``--study-reps`` times) and its learner update
+  (``study_learner``, ``--study-reps`` updates from the same weights), as ``benchmarks/bench_study_step.py`` builds them;
+- ``smol_rollout``: the quantized arm's multi-turn rollout on SmolLM2-135M (q-interq: W8A8-KV8 executor,
+  ``model.source=smollm2 env.action_format=text``, the concatenated layout of ``scripts/rlstep.sh``):
+  ``--smol-tasks`` x ``--smol-episodes`` household episodes of step 1;
+- ``smol_learner``: one q-interq learner update (aligned forward, concatenated layout) of SmolLM2 on the first
+  ``--learner-episodes`` episodes of that rollout (the batch is made once, by the census, and loaded by each run).
+
+Pieces (``PIECES``): an existing switch (``INTERQ_CPU_KERNELS=0``, ``INTERQ_FAST_LAYERS=0``,
+``INTERQ_FLASH_DECODE=0``, a config field), or a monkeypatch in the measuring process that sends that one piece to
+the fallback interq itself takes where the piece does not apply. Nothing in ``src/`` changes. A census run first
+counts, per workload, the calls of every compiled kernel function (all pieces on); a piece whose functions a
+workload never calls is not timed there (``not called``).
+
+Per round, per workload: ``on, off(p1), on, off(p2), ..., on``; a piece's ratio in a round is its CPU seconds over the
+mean of the two ``on`` runs beside it; the result is the median over ``--rounds`` rounds. Pieces marked ``opt_in``
+are off by default on this machine: their run turns them on, and the ratio is still default/piece (off/on).
+The last line is ``RESULT {json}``: ``ratios[piece][workload]`` = off/on, the seconds, the census and the machine
+(``interq.machine.machine_info()`` at the start, ``load_avg_end`` at the end).
+
+    nice -n 5 .venv/bin/python benchmarks/bench_kernel_rule.py [--rounds 2] [--pieces a,b] [--workloads study,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RULE = 1.15  # a piece stays where turning it off makes a waited-for step at least this much slower
+WORKLOADS = ("study", "smol_rollout", "smol_learner")
+PARTS = {"study": ("study_rollout", "study_learner"), "smol_rollout": ("smol_rollout",),
+         "smol_learner": ("smol_learner",)}
+SMOL_BASE = ["model.source=smollm2", "env.action_format=text", "warm_start.enabled=false", "algo.layout=concatenated",
+             "train.threads=1", "train.progress=false"]
+
+
+@dataclass
+class Piece:
+    what: str
+    kernels: tuple[str, ...]  # compiled functions it stands for (the census decides where it is timed); () = always
+    env: dict = field(default_factory=dict)  # switches read at import time
+    overrides: tuple[str, ...] = ()  # config overrides of the measured run
+    opt_in: bool = False  # off by default here: the measured run turns it on
+    parts: tuple[str, ...] = ()  # restrict to these parts (else every part whose census shows its kernels)
+
+
+PIECES: dict[str, Piece] = {
+    "all_kernels": Piece("every compiled kernel (INTERQ_CPU_KERNELS=0: torch's ops, the same numbers)", (),
+                         env={"INTERQ_CPU_KERNELS": "0"}),
+    "lean_layers": Piece("the rollout's lean decoder-layer forward, halves included (INTERQ_FAST_LAYERS=0)",
+                         ("layer_attn_in", "layer_attn_out", "rope_bf16"), env={"INTERQ_FAST_LAYERS": "0"}),
+    "layer_halves": Piece("the one-call layer halves layer_attn_in / layer_attn_out (use_fast_layers(True, "
+                          "fused=False): the lean forward calls each kernel from Python)",
+                          ("layer_attn_in", "layer_attn_out")),
+    "flash_decode": Piece("flash_decode_amx, the one-call decode attention (INTERQ_FLASH_DECODE=0: torch's sdpa)",
+                          ("flash_decode_amx",), env={"INTERQ_FLASH_DECODE": "0"}),
+    "int8_amx": Piece("the amx int8 backend: int8_linear_amx / int8_gemm_amx (int8 backend auto -> int_mm: "
+                      "torch._int_mm; the activation-quant and epilogue kernels stay; no halves)",
+                      ("int8_linear_amx", "int8_gemm_amx", "layer_attn_in", "layer_attn_out")),
+    "int8_whole_linear": Piece("int8_linear_amx's one call (whole_linear_kernel -> None: quant_act_int8, "
+                               "int8_gemm_amx and epilogue called in turn; no halves)", ("int8_linear_amx",)),
+    "quant_act_epilogue": Piece("quant_act_int8 and epilogue (the eager activation quantizer and epilogue)",
+                                ("quant_act_int8", "epilogue")),
+    "kv_quant": Piece("quant_kv_int8 / dequant_kv_int8 / fake_quant_kv_int8 of the executor's KV cache (eager "
+                      "primitives)", ("quant_kv_int8", "dequant_kv_int8", "fake_quant_kv_int8"), parts=(
+                          "study_rollout", "smol_rollout")),
+    "kv_append": Piece("kv_append, the decode step's one-call cache write (append_columns)", ("kv_append",)),
+    "rms_norm": Piece("rms_norm_bf16 / torch_row_sums (no FusedRMSNorm: transformers' RMSNorm; no halves)",
+                      ("rms_norm_bf16", "layer_attn_in", "layer_attn_out")),
+    "rope": Piece("rope_bf16 (transformers' apply_rotary_pos_emb; layer_attn_in off with it)",
+                  ("rope_bf16", "layer_attn_in")),
+    "bf16_linear_amx": Piece("bf16_linear_amx, the AMX-BF16 product of the executor's bf16 linears (lm_head here; "
+                             "use_amx_product(False): F.linear)", ("bf16_linear_amx",)),
+    "sampler_uniform": Piece("uniform_f64_rows, the bulk mt19937 uniforms (Tensor.uniform_ per row, threads)",
+                             ("uniform_f64_rows",)),
+    "race_argmax": Piece("race_argmax (probs.div_(race).argmax(-1))", ("race_argmax",)),
+    "learner_fake_quant": Piece("the aligned learner's fake_quant_act_int8 / fake_quant_kv_int8 (P.fq_activation_ste "
+                                "/ P.fq_kv_ste)", ("fake_quant_act_int8", "fake_quant_kv_int8"),
+                                parts=("study_learner", "smol_learner")),
+    "bf16_backward": Piece("the learner's bf16 backward GEMMs (train.learner_autocast=off: fp32, to rounding)", (),
+                           overrides=("train.learner_autocast=off",), parts=("study_learner", "smol_learner")),
+    "learner_attention_kernel": Piece("causal_attention_fwd/bwd (opt-in on Intel: train.learner_attention=kernel "
+                                      "against the default sdpa)", (), overrides=("train.learner_attention=kernel",),
+                                      opt_in=True, parts=("study_learner", "smol_learner")),
+    "learner_onednn": Piece("the learner's fp32 GEMMs through oneDNN (opt-in: train.learner_gemm=onednn against "
+                            "torch's, to rounding)", (), overrides=("train.learner_gemm=onednn",), opt_in=True,
+                            parts=("study_learner", "smol_learner")),
+}
+
+
+# ----------------------------------------------------------------------------------- the measured process
+
+
+def patch_off(piece: str) -> None:
+    """Route ``piece`` to interq's own fallback for this process (the pieces with an environment switch or a config
+    override need nothing here)."""
+    from importlib import import_module
+
+    # the modules themselves (interq.quant re-exports functions under some module names, e.g. ``aligned``)
+    kernels, L, P, F, S, KC, KB, R, AL, PL = (import_module(f"interq.{m}") for m in (
+        "quant.kernels", "quant.linear", "quant.primitives", "rollout.fast_layers", "rollout.sampling",
+        "quant.kv_cache", "quant.kv_buffer", "quant.rms_norm", "quant.aligned", "quant.packed_linear"))
+
+    if piece == "layer_halves":
+        F.use_fast_layers(True, fused=False)
+    elif piece == "int8_amx":
+        resolve = L.resolve_int8_backend
+        L.resolve_int8_backend = lambda b, device=None: resolve("int_mm" if b == "auto" else b, device)
+    elif piece == "int8_whole_linear":
+        L.whole_linear_kernel = lambda *a, **k: None
+    elif piece == "quant_act_epilogue":
+        L.quant_act_int8 = lambda x2, rounding, a_bits: P.quant_act_int8_token(x2, rounding, a_bits)
+        split = L.epilogue_split
+
+        def eager_split(acc, s_a, s_w, bias, sizes, out_dtype):
+            was = kernels._ENABLED["value"]
+            kernels._ENABLED["value"] = False  # kernels.get() -> None inside: epilogue_split's eager branch
+            try:
+                return split(acc, s_a, s_w, bias, sizes, out_dtype)
+            finally:
+                kernels._ENABLED["value"] = was
+
+        L.epilogue_split = eager_split
+    elif piece == "kv_quant":
+        KC._dequant = lambda q, s, dtype: P.dequant_kv(q, s, dtype)
+        for cls in vars(KC).values():
+            if isinstance(cls, type) and "_quantize_pair" in vars(cls):
+                cls._quantize_pair = staticmethod(_without_kernels(vars(cls)["_quantize_pair"].__func__))
+            if isinstance(cls, type) and "_roundtrip" in vars(cls):
+                cls._roundtrip = staticmethod(_without_kernels(vars(cls)["_roundtrip"].__func__))
+    elif piece == "kv_append":
+        KB.append_pair = KC.append_pair = lambda *a, **k: None
+    elif piece == "rms_norm":
+        R.FusedRMSNorm.from_norm = classmethod(lambda cls, norm: None)
+    elif piece == "rope":
+        rope_function = F._rope_function
+
+        def no_kernel(attn, modeling):
+            got = rope_function(attn, modeling)
+            return None if got is None else (got[0], False)
+
+        F._rope_function = no_kernel
+    elif piece == "sampler_uniform":
+        race, get, off = S.exponential_race, S._kernels, [False]
+        S._kernels = lambda: None if off[0] else get()
+
+        def eager_race(*a, **k):
+            off[0] = True
+            try:
+                return race(*a, **k)
+            finally:
+                off[0] = False
+
+        S.exponential_race = eager_race
+    elif piece == "race_argmax":
+        get = S._kernels
+        S._kernels = lambda: (None if get() is None else _Hiding(get(), {"race_argmax"}))
+    elif piece == "bf16_linear_amx":
+        PL.use_amx_product(False)
+    elif piece == "learner_fake_quant":
+        AL.fq_activation = lambda x, qcfg: P.fq_activation_ste(x, qcfg)
+        AL.fq_kv = lambda t, qcfg: P.fq_kv_ste(t, qcfg)
+
+
+def _without_kernels(fn):
+    """``fn`` run with ``kernels.get()`` returning None (its eager branch)."""
+    from interq.quant import kernels
+
+    def run(*a, **k):
+        was = kernels._ENABLED["value"]
+        kernels._ENABLED["value"] = False
+        try:
+            return fn(*a, **k)
+        finally:
+            kernels._ENABLED["value"] = was
+
+    return run
+
+
+class _Hiding:
+    """The kernels module without some of its functions (``hasattr`` false for them)."""
+
+    def __init__(self, mod, hidden: set[str]):
+        self._mod, self._hidden = mod, hidden
+
+    def __getattr__(self, name):
+        if name in self._hidden:
+            raise AttributeError(name)
+        return getattr(self._mod, name)
+
+
+class _Counting:
+    """The kernels module with every function call counted (the census)."""
+
+    def __init__(self, mod, counts: dict):
+        self._mod, self._counts, self._wrapped = mod, counts, {}
+
+    def __getattr__(self, name):
+        fn = getattr(self._mod, name)
+        if not callable(fn) or name.startswith("has_"):
+            return fn
+        if name not in self._wrapped:
+            def call(*a, _fn=fn, _name=name, **k):
+                self._counts[_name] = self._counts.get(_name, 0) + 1
+                return _fn(*a, **k)
+
+            self._wrapped[name] = call
+        return self._wrapped[name]
+
+
+def start_census() -> dict:
+    from interq.quant import kernels
+
+    counts: dict = {}
+    mod = kernels.load()
+    if mod is not None:
+        kernels._STATE["module"] = _Counting(mod, counts)
+    return counts
+
+
+def study_parts(args, overrides: list[str], counts: dict | None) -> dict:
+    """CPU seconds of one study step's rollout and learner update (each ``--study-reps`` times)."""
+    import copy
+    from importlib import resources
+
+    import torch
+
+    from interq.rollout import RolloutEngine
+    from interq.train import rl
+    from interq.train.build import build_executor, chat_format, env_factory, split_tasks
+    from interq.train.experiments import REGIMES, SETTINGS, arm_config
+    from interq.train.policy import load_policy
+
+    cfg = arm_config("q-interq", [*SETTINGS["study-1k"], *REGIMES["matched"], "train.progress=false", *overrides])
+    model, tokenizer = load_policy(str(resources.files("interq") / "policies" / "household_text"), cfg.model.dtype)
+    make_env = env_factory(cfg.env)
+    train_tasks, _ = split_tasks(make_env, cfg.env, {})
+    fmt = chat_format(tokenizer)
+    executor = build_executor(model, cfg.rollout)
+    engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
+                           max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
+    tasks, seeds, groups = rl.step_tasks(train_tasks, cfg, 1)
+    out, census = {}, {}
+    t0 = time.process_time()
+    for _ in range(args.study_reps):
+        episodes = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg)
+    out["study_rollout"] = time.process_time() - t0
+    if counts is not None:
+        census["study_rollout"] = dict(counts)
+        counts.clear()
+    batch = rl.build_batch(episodes, cfg.algo, fmt.pad_token_id)
+    state = copy.deepcopy(model.state_dict())
+    learner = rl.Learner(model, cfg, executor.qcfg)
+    dt = 0.0
+    for _ in range(args.study_reps):
+        model.load_state_dict(state)
+        learner.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
+        t0 = time.process_time()
+        rl.update(learner, batch, cfg, 1)
+        dt += time.process_time() - t0
+    out["study_learner"] = dt
+    if counts is not None:
+        census["study_learner"] = dict(counts)
+    return {"cpu_s": out, "census": census, "tokens": int(batch.attention_mask.sum()), "rows": len(batch.input_ids)}
+
+
+def smol_config(args, overrides: list[str]):
+    from interq.train.experiments import arm_config
+
+    return arm_config("q-interq", [*SMOL_BASE, f"train.tasks_per_step={args.smol_tasks}",
+                                   f"train.episodes_per_task={args.smol_episodes}", *overrides])
+
+
+def smol_rollout(args, overrides: list[str], counts: dict | None) -> dict:
+    """CPU seconds of the SmolLM2 W8A8-KV8 rollout of step 1; the census also saves the learner's batch."""
+    import torch
+
+    from interq.rollout import RolloutEngine
+    from interq.train import rl
+    from interq.train.build import build_executor, chat_format, env_factory, split_tasks
+    from interq.train.policy import load_policy
+
+    cfg = smol_config(args, overrides)
+    model, tokenizer = load_policy(cfg.model.source, cfg.model.dtype)
+    make_env = env_factory(cfg.env)
+    train_tasks, _ = split_tasks(make_env, cfg.env, {})
+    fmt = chat_format(tokenizer)
+    executor = build_executor(model, cfg.rollout)
+    engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
+                           max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
+    tasks, seeds, groups = rl.step_tasks(train_tasks, cfg, 1)
+    t0 = time.process_time()
+    episodes = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg)
+    dt = time.process_time() - t0
+    res = {"cpu_s": {"smol_rollout": dt}, "census": {"smol_rollout": dict(counts)} if counts is not None else {},
+           "episodes": len(episodes), "turns": sum(ep.num_turns for ep in episodes)}
+    if counts is not None:
+        batch = rl.build_batch(episodes[: args.learner_episodes], cfg.algo, fmt.pad_token_id)
+        torch.save(batch, args.batch)
+        res["learner_tokens"] = int(batch.attention_mask.sum())
+    return res
+
+
+def smol_learner(args, overrides: list[str], counts: dict | None) -> dict:
+    """CPU seconds of one SmolLM2 q-interq learner update of the saved batch."""
+    import torch
+
+    from interq.train import rl
+    from interq.train.build import quant_config
+    from interq.train.policy import load_policy
+
+    cfg = smol_config(args, overrides)
+    model, _ = load_policy(cfg.model.source, cfg.model.dtype)
+    batch = torch.load(args.batch, weights_only=False)
+    learner = rl.Learner(model, cfg, quant_config(cfg.rollout))
+    t0 = time.process_time()
+    rl.update(learner, batch, cfg, 1)
+    dt = time.process_time() - t0
+    return {"cpu_s": {"smol_learner": dt}, "census": {"smol_learner": dict(counts)} if counts is not None else {},
+            "tokens": int(batch.attention_mask.sum())}
+
+
+def worker(args) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    piece = PIECES.get(args.off)
+    if piece is not None:
+        patch_off(args.off)
+    counts = start_census() if args.census else None
+    overrides = list(piece.overrides) if piece is not None else []
+    run = {"study": study_parts, "smol_rollout": smol_rollout, "smol_learner": smol_learner}[args.worker]
+    print("WORKER " + json.dumps(run(args, overrides, counts)), flush=True)
+
+
+# ----------------------------------------------------------------------------------- the parent
+
+
+def measure(args, workload: str, off: str | None, census: bool = False) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("INTERQ_CPU_KERNELS", "INTERQ_FAST_LAYERS",
+                                                           "INTERQ_FLASH_DECODE")}
+    env["OMP_NUM_THREADS"] = "1"
+    if off is not None:
+        env.update(PIECES[off].env)
+    cmd = [sys.executable, __file__, "--worker", workload, "--off", off or "none", "--batch", args.batch,
+           "--study-reps", str(args.study_reps), "--smol-tasks", str(args.smol_tasks),
+           "--smol-episodes", str(args.smol_episodes), "--learner-episodes", str(args.learner_episodes)]
+    if census:
+        cmd.append("--census")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("WORKER ")]
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"{workload} with {off or 'all on'} off failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(lines[-1][len("WORKER "):])
+
+
+def timed_pieces(workload: str, census: dict, chosen: list[str]) -> dict[str, list[str]]:
+    """piece -> the parts of ``workload`` where it is timed (its kernels called there, or its part named)."""
+    out = {}
+    for name in chosen:
+        p = PIECES[name]
+        parts = [part for part in PARTS[workload]
+                 if (not p.parts or part in p.parts)
+                 and (not p.kernels or any(census.get(part, {}).get(k, 0) for k in p.kernels))]
+        if parts:
+            out[name] = parts
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--pieces", default=",".join(PIECES), help="comma-separated names of PIECES")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--study-reps", type=int, default=2)
+    p.add_argument("--smol-tasks", type=int, default=1)
+    p.add_argument("--smol-episodes", type=int, default=4)
+    p.add_argument("--learner-episodes", type=int, default=1)
+    p.add_argument("--batch", default="runs/bench_kernel_rule/smol_batch.pt", help="the SmolLM2 learner's batch")
+    p.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
+    p.add_argument("--off", default="none", help=argparse.SUPPRESS)
+    p.add_argument("--census", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return {}
+    chosen = [x for x in args.pieces.split(",") if x]
+    workloads = [x for x in args.workloads.split(",") if x]
+    for name in chosen:
+        if name not in PIECES:
+            raise SystemExit(f"--pieces: {name!r} is not one of {', '.join(PIECES)}")
+    for name in workloads:
+        if name not in WORKLOADS:
+            raise SystemExit(f"--workloads: {name!r} is not one of {', '.join(WORKLOADS)}")
+    import torch
+
+    from interq.machine import describe, load_avg, machine_info
+
+    torch.set_num_threads(1)
+    info = machine_info()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(describe(info), flush=True)
+    print(f"commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, nice {os.nice(0)}", flush=True)
+    Path(args.batch).parent.mkdir(parents=True, exist_ok=True)
+    census, sizes = {}, {}
+    for wl in workloads:  # the census: every kernel function each part calls, all on (also makes the smol batch)
+        r = measure(args, wl, None, census=True)
+        census.update(r["census"])
+        sizes[wl] = {k: v for k, v in r.items() if k not in ("census", "cpu_s")}
+        print(f"census {wl}: {json.dumps(r['census'])} {json.dumps(sizes[wl])}", flush=True)
+    plan = {wl: timed_pieces(wl, census, chosen) for wl in workloads}
+    for wl in workloads:
+        skipped = [n for n in chosen if n not in plan[wl]]
+        print(f"{wl}: timed {', '.join(plan[wl]) or 'none'}; not called there: {', '.join(skipped) or 'none'}",
+              flush=True)
+    seconds: dict = {wl: {"on": [], **{n: [] for n in plan[wl]}} for wl in workloads}
+    ratios: dict = {}  # piece -> part -> per-round ratios
+    for rnd in range(args.rounds):
+        for wl in workloads:
+            if not plan[wl]:
+                continue
+            order = list(plan[wl]) if rnd % 2 == 0 else list(reversed(plan[wl]))
+            prev = measure(args, wl, None)["cpu_s"]
+            seconds[wl]["on"].append(prev)
+            for name in order:
+                off = measure(args, wl, name)["cpu_s"]
+                nxt = measure(args, wl, None)["cpu_s"]
+                seconds[wl][name].append(off)
+                seconds[wl]["on"].append(nxt)
+                for part in plan[wl][name]:
+                    on = (prev[part] + nxt[part]) / 2
+                    r = on / off[part] if PIECES[name].opt_in else off[part] / on
+                    ratios.setdefault(name, {}).setdefault(part, []).append(r)
+                print(f"round {rnd} {wl} {name}: " + ", ".join(
+                    f"{part} off {off[part]:.2f}s on {prev[part]:.2f}/{nxt[part]:.2f}s ratio "
+                    f"{ratios[name][part][-1]:.3f}" for part in plan[wl][name]) + f" (load {load_avg()})", flush=True)
+                prev = nxt
+    med = {n: {part: round(statistics.median(v), 3) for part, v in d.items()} for n, d in ratios.items()}
+    print("\npiece x part: off/on (median of rounds); * = at least the rule's 1.15x")
+    parts = [part for wl in workloads for part in PARTS[wl]]
+    print(f"{'piece':26s}" + "".join(f"{part:>15s}" for part in parts))
+    for n in chosen:
+        row = [f"{med[n][part]:.3f}{'*' if med[n][part] >= RULE else ' '}" if part in med.get(n, {})
+               else "not called" for part in parts]
+        print(f"{n:26s}" + "".join(f"{c:>15s}" for c in row))
+    on_s = {part: round(statistics.median(r[part] for r in seconds[wl]["on"]), 2)
+            for wl in workloads for part in PARTS[wl] if seconds[wl]["on"]}
+    res = {"rule": RULE, "ratios": med, "passes": {n: [part for part, v in d.items() if v >= RULE] for n, d in med.items()},
+           "ratios_per_round": {n: {part: [round(x, 3) for x in v] for part, v in d.items()} for n, d in ratios.items()},
+           "on_cpu_s_median": on_s, "census": census, "sizes": sizes,
+           "pieces": {n: PIECES[n].what for n in chosen}, "commit": commit,
+           "settings": {k: getattr(args, k) for k in ("rounds", "study_reps", "smol_tasks", "smol_episodes",
+                                                       "learner_episodes")},
+           "machine": {**info, "load_avg_end": load_avg()}}
+    print("RESULT " + json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()
