@@ -73,7 +73,8 @@ PIECES: dict[str, Piece] = {
                       "torch._int_mm; the activation-quant and epilogue kernels stay; no halves)",
                       ("int8_linear_amx", "int8_gemm_amx", "layer_attn_in", "layer_attn_out")),
     "int8_whole_linear": Piece("int8_linear_amx's one call (whole_linear_kernel -> None: quant_act_int8, "
-                               "int8_gemm_amx and epilogue called in turn; no halves)", ("int8_linear_amx",)),
+                               "int8_gemm_amx and epilogue called in turn; no halves)",
+                               ("int8_linear_amx", "layer_attn_in", "layer_attn_out")),
     "quant_act_epilogue": Piece("quant_act_int8 and epilogue (the eager activation quantizer and epilogue)",
                                 ("quant_act_int8", "epilogue")),
     "kv_quant": Piece("quant_kv_int8 / dequant_kv_int8 / fake_quant_kv_int8 of the executor's KV cache (eager "
