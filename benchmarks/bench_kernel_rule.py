@@ -90,6 +90,13 @@ PIECES: dict[str, Piece] = {
     "sampler_uniform": Piece("uniform_f64_rows, the bulk mt19937 uniforms (Tensor.uniform_ per row, threads)",
                              ("uniform_f64_rows",)),
     "race_argmax": Piece("race_argmax (probs.div_(race).argmax(-1))", ("race_argmax",)),
+    "sdpa_packed": Piece("the rollout's packed-GQA attention sdpa_packed, flash decode included (rollout.attention=sdpa: "
+                         "transformers' sdpa, to rounding)", (), overrides=("rollout.attention=sdpa",),
+                         parts=("study_rollout", "smol_rollout")),
+    "packed_kernel_attention": Piece("decode_attention / masked_attention (opt-in: rollout.attention=packed_kernel "
+                                     "against the default sdpa_packed, to rounding)", (),
+                                     overrides=("rollout.attention=packed_kernel",), opt_in=True,
+                                     parts=("study_rollout", "smol_rollout")),
     "learner_fake_quant": Piece("the aligned learner's fake_quant_act_int8 / fake_quant_kv_int8 (P.fq_activation_ste "
                                 "/ P.fq_kv_ste)", ("fake_quant_act_int8", "fake_quant_kv_int8"),
                                 parts=("study_learner", "smol_learner")),
