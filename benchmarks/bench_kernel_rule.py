@@ -21,7 +21,9 @@ counts, per workload, the calls of every compiled kernel function (all pieces on
 workload never calls is not timed there (``not called``).
 
 Per round, per workload: ``on, off(p1), on, off(p2), ..., on``; a piece's ratio in a round is its CPU seconds over the
-mean of the two ``on`` runs beside it; the result is the median over ``--rounds`` rounds. Pieces marked ``opt_in``
+mean of the two ``on`` runs beside it; the result is the median over ``--rounds`` rounds. Process CPU seconds are
+user + system time (``ratios``); ``ratios_user`` counts user time alone: on a machine short of memory the kernel's
+page reclaim is charged to whichever process allocates, as system time that says nothing about the piece. Pieces marked ``opt_in``
 are off by default on this machine: their run turns them on, and the ratio is still default/piece (off/on).
 The last line is ``RESULT {json}``: ``ratios[piece][workload]`` = off/on, the seconds, the census and the machine
 (``interq.machine.machine_info()`` at the start, ``load_avg_end`` at the end).
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -112,6 +115,29 @@ PIECES: dict[str, Piece] = {
 
 
 # ----------------------------------------------------------------------------------- the measured process
+
+
+class CpuTimer:
+    """This process's user and system CPU seconds over the ``with`` blocks it times (added up)."""
+
+    def __init__(self):
+        self.user = self.system = 0.0
+
+    def __enter__(self):
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        self._start = (r.ru_utime, r.ru_stime)
+        return self
+
+    def __exit__(self, *exc):
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        self.user += r.ru_utime - self._start[0]
+        self.system += r.ru_stime - self._start[1]
+
+
+def timings(**timers: CpuTimer) -> dict:
+    """-> {"cpu_s": user + system per part, "user_s": user per part, "sys_s": system per part}."""
+    return {"cpu_s": {k: t.user + t.system for k, t in timers.items()}, "user_s": {k: t.user for k, t in timers.items()},
+            "sys_s": {k: t.system for k, t in timers.items()}}
 
 
 def patch_off(piece: str) -> None:
@@ -263,28 +289,24 @@ def study_parts(args, overrides: list[str], counts: dict | None) -> dict:
     engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
                            max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
     tasks, seeds, groups = rl.step_tasks(train_tasks, cfg, 1)
-    out, census = {}, {}
-    t0 = time.process_time()
-    for _ in range(args.study_reps):
-        episodes = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg)
-    out["study_rollout"] = time.process_time() - t0
+    census, rollout_t, learner_t = {}, CpuTimer(), CpuTimer()
+    with rollout_t:
+        for _ in range(args.study_reps):
+            episodes = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg)
     if counts is not None:
         census["study_rollout"] = dict(counts)
         counts.clear()
     batch = rl.build_batch(episodes, cfg.algo, fmt.pad_token_id)
     state = copy.deepcopy(model.state_dict())
     learner = rl.Learner(model, cfg, executor.qcfg)
-    dt = 0.0
     for _ in range(args.study_reps):
         model.load_state_dict(state)
         learner.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
-        t0 = time.process_time()
-        rl.update(learner, batch, cfg, 1)
-        dt += time.process_time() - t0
-    out["study_learner"] = dt
+        with learner_t:
+            rl.update(learner, batch, cfg, 1)
     if counts is not None:
         census["study_learner"] = dict(counts)
-    return {"cpu_s": out, "census": census, "tokens": int(batch.attention_mask.sum()), "rows": len(batch.input_ids)}
+    return {**timings(study_rollout=rollout_t, study_learner=learner_t), "census": census, "tokens": int(batch.attention_mask.sum()), "rows": len(batch.input_ids)}
 
 
 def smol_config(args, overrides: list[str]):
@@ -312,10 +334,9 @@ def smol_rollout(args, overrides: list[str], counts: dict | None) -> dict:
     engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
                            max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
     tasks, seeds, groups = rl.step_tasks(train_tasks, cfg, 1)
-    t0 = time.process_time()
-    episodes = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg)
-    dt = time.process_time() - t0
-    res = {"cpu_s": {"smol_rollout": dt}, "census": {"smol_rollout": dict(counts)} if counts is not None else {},
+    with CpuTimer() as t:
+        episodes = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg)
+    res = {**timings(smol_rollout=t), "census": {"smol_rollout": dict(counts)} if counts is not None else {},
            "episodes": len(episodes), "turns": sum(ep.num_turns for ep in episodes)}
     if counts is not None:
         batch = rl.build_batch(episodes[: args.learner_episodes], cfg.algo, fmt.pad_token_id)
@@ -336,10 +357,9 @@ def smol_learner(args, overrides: list[str], counts: dict | None) -> dict:
     model, _ = load_policy(cfg.model.source, cfg.model.dtype)
     batch = torch.load(args.batch, weights_only=False)
     learner = rl.Learner(model, cfg, quant_config(cfg.rollout))
-    t0 = time.process_time()
-    rl.update(learner, batch, cfg, 1)
-    dt = time.process_time() - t0
-    return {"cpu_s": {"smol_learner": dt}, "census": {"smol_learner": dict(counts)} if counts is not None else {},
+    with CpuTimer() as t:
+        rl.update(learner, batch, cfg, 1)
+    return {**timings(smol_learner=t), "census": {"smol_learner": dict(counts)} if counts is not None else {},
             "tokens": int(batch.attention_mask.sum())}
 
 
@@ -429,7 +449,7 @@ def main(argv=None) -> dict:
     for wl in workloads:  # the census: every kernel function each part calls, all on (also makes the smol batch)
         r = measure(args, wl, None, census=True)
         census.update(r["census"])
-        sizes[wl] = {k: v for k, v in r.items() if k not in ("census", "cpu_s")}
+        sizes[wl] = {k: v for k, v in r.items() if k not in ("census", "cpu_s", "user_s", "sys_s")}
         print(f"census {wl}: {json.dumps(r['census'])} {json.dumps(sizes[wl])}", flush=True)
     plan = {wl: timed_pieces(wl, census, chosen) for wl in workloads}
     for wl in workloads:
@@ -437,40 +457,47 @@ def main(argv=None) -> dict:
         print(f"{wl}: timed {', '.join(plan[wl]) or 'none'}; not called there: {', '.join(skipped) or 'none'}",
               flush=True)
     seconds: dict = {wl: {"on": [], **{n: [] for n in plan[wl]}} for wl in workloads}
-    ratios: dict = {}  # piece -> part -> per-round ratios
+    ratios: dict = {"cpu_s": {}, "user_s": {}}  # clock -> piece -> part -> per-round ratios
     for rnd in range(args.rounds):
         for wl in workloads:
             if not plan[wl]:
                 continue
             order = list(plan[wl]) if rnd % 2 == 0 else list(reversed(plan[wl]))
-            prev = measure(args, wl, None)["cpu_s"]
+            prev = measure(args, wl, None)
             seconds[wl]["on"].append(prev)
             for name in order:
-                off = measure(args, wl, name)["cpu_s"]
-                nxt = measure(args, wl, None)["cpu_s"]
+                off = measure(args, wl, name)
+                nxt = measure(args, wl, None)
                 seconds[wl][name].append(off)
                 seconds[wl]["on"].append(nxt)
-                for part in plan[wl][name]:
-                    on = (prev[part] + nxt[part]) / 2
-                    r = on / off[part] if PIECES[name].opt_in else off[part] / on
-                    ratios.setdefault(name, {}).setdefault(part, []).append(r)
+                for clock, got in ratios.items():
+                    for part in plan[wl][name]:
+                        on = (prev[clock][part] + nxt[clock][part]) / 2
+                        r = on / off[clock][part] if PIECES[name].opt_in else off[clock][part] / on
+                        got.setdefault(name, {}).setdefault(part, []).append(r)
                 print(f"round {rnd} {wl} {name}: " + ", ".join(
-                    f"{part} off {off[part]:.2f}s on {prev[part]:.2f}/{nxt[part]:.2f}s ratio "
-                    f"{ratios[name][part][-1]:.3f}" for part in plan[wl][name]) + f" (load {load_avg()})", flush=True)
+                    f"{part} off {off['cpu_s'][part]:.2f}s (sys {off['sys_s'][part]:.2f}) on "
+                    f"{prev['cpu_s'][part]:.2f}/{nxt['cpu_s'][part]:.2f}s ratio {ratios['cpu_s'][name][part][-1]:.3f} "
+                    f"(user only {ratios['user_s'][name][part][-1]:.3f})" for part in plan[wl][name])
+                    + f" (load {load_avg()})", flush=True)
                 prev = nxt
-    med = {n: {part: round(statistics.median(v), 3) for part, v in d.items()} for n, d in ratios.items()}
-    print("\npiece x part: off/on (median of rounds); * = at least the rule's 1.15x")
+    med = {clock: {n: {part: round(statistics.median(v), 3) for part, v in d.items()} for n, d in got.items()}
+           for clock, got in ratios.items()}
     parts = [part for wl in workloads for part in PARTS[wl]]
-    print(f"{'piece':26s}" + "".join(f"{part:>15s}" for part in parts))
-    for n in chosen:
-        row = [f"{med[n][part]:.3f}{'*' if med[n][part] >= RULE else ' '}" if part in med.get(n, {})
-               else "not called" for part in parts]
-        print(f"{n:26s}" + "".join(f"{c:>15s}" for c in row))
-    on_s = {part: round(statistics.median(r[part] for r in seconds[wl]["on"]), 2)
-            for wl in workloads for part in PARTS[wl] if seconds[wl]["on"]}
-    res = {"rule": RULE, "ratios": med, "passes": {n: [part for part, v in d.items() if v >= RULE] for n, d in med.items()},
-           "ratios_per_round": {n: {part: [round(x, 3) for x in v] for part, v in d.items()} for n, d in ratios.items()},
-           "on_cpu_s_median": on_s, "census": census, "sizes": sizes,
+    for clock, title in (("cpu_s", "process CPU s (user + system)"), ("user_s", "user CPU s only")):
+        print(f"\npiece x part: off/on of {title}, median of rounds; * = at least the rule's {RULE}x")
+        print(f"{'piece':26s}" + "".join(f"{part:>15s}" for part in parts))
+        for n in chosen:
+            row = [f"{med[clock][n][part]:.3f}{'*' if med[clock][n][part] >= RULE else ' '}"
+                   if part in med[clock].get(n, {}) else "not called" for part in parts]
+            print(f"{n:26s}" + "".join(f"{c:>15s}" for c in row))
+    on_s = {clock: {part: round(statistics.median(r[clock][part] for r in seconds[wl]["on"]), 2)
+                    for wl in workloads for part in PARTS[wl] if seconds[wl]["on"]} for clock in ("cpu_s", "user_s")}
+    per_round = {clock: {n: {part: [round(x, 3) for x in v] for part, v in d.items()} for n, d in got.items()}
+                 for clock, got in ratios.items()}
+    res = {"rule": RULE, "ratios": med["cpu_s"], "ratios_user": med["user_s"],
+           "passes": {n: [part for part, v in d.items() if v >= RULE] for n, d in med["cpu_s"].items()},
+           "ratios_per_round": per_round, "on_median": on_s, "census": census, "sizes": sizes,
            "pieces": {n: PIECES[n].what for n in chosen}, "commit": commit,
            "settings": {k: getattr(args, k) for k in ("rounds", "study_reps", "smol_tasks", "smol_episodes",
                                                        "learner_episodes")},
