@@ -66,16 +66,18 @@ STUDY_INDEX_OVERRIDES = [
     "train.steps=200",
     "train.eval_every_steps=25",
     "train.checkpoint_every_steps=25",
-    # the tiny policy's learner holds 16k tokens in a few MB; a larger pack holds more of a group's repeated turns
-    "train.tokens_per_microbatch=16384",
 ]
 STUDY_OVERRIDES = [*STUDY_INDEX_OVERRIDES, "env.action_format=text", "rollout.max_action_tokens=10"]
 # The study with an evaluation that is not the noise: 1,000 held-out task instances (one episode each; a larger
 # valid_seen split holds 1,000 pick_and_place instances, its first 200 being those of ``study``), evaluated before RL,
 # every 50 steps and at the end. A success rate over 200 episodes has a standard error of about 0.033, as large as
 # the effects the study asks about; over 1,000 about 0.015.
+# A pack of 16,384 tokens holds more of a group's repeated turns than the default 4,096, so the learner computes
+# fewer rows (docs/performance.md, "Study run"); the tiny policy's update then peaks near 1 GB. The lists of the
+# recorded ``study`` and ``study-index`` runs keep the default.
+LARGE_PACKS = "train.tokens_per_microbatch=16384"
 STUDY_1K_OVERRIDES = [*STUDY_OVERRIDES, "env.env_kwargs={size: small, split_sizes: {valid_seen: 6600, valid_unseen: 600}}",
-                      "env.num_eval_tasks=1000", "train.eval_every_steps=50"]
+                      "env.num_eval_tasks=1000", "train.eval_every_steps=50", LARGE_PACKS]
 # Settings of ``interq demo``: the study's text setting (4-layer policy writing its actions, 200 held-out valid_seen
 # instances at T = 1, GiGPO at lr 3e-4, groups of 8) cut to DEMO_STEPS steps, starting from the warm start shipped in
 # interq/policies/household_text (made from exactly these settings; ``interq demo --warm-start`` makes it again).
@@ -84,7 +86,7 @@ STUDY_1K_OVERRIDES = [*STUDY_OVERRIDES, "env.env_kwargs={size: small, split_size
 # core each, so about 8.5 minutes on a quiet 2-core machine.
 DEMO_STEPS = 60
 DEMO_OVERRIDES = [*STUDY_BASE_OVERRIDES, *STUDY_OVERRIDES, f"train.steps={DEMO_STEPS}", "train.eval_every_steps=10",
-                  f"train.checkpoint_every_steps={DEMO_STEPS}"]
+                  f"train.checkpoint_every_steps={DEMO_STEPS}", LARGE_PACKS]
 SETTINGS = {"demo": DEMO_OVERRIDES, "study": [*STUDY_BASE_OVERRIDES, *STUDY_OVERRIDES],
             "study-1k": [*STUDY_BASE_OVERRIDES, *STUDY_1K_OVERRIDES],
             "study-index": [*STUDY_BASE_OVERRIDES, *STUDY_INDEX_OVERRIDES], "none": []}

@@ -62,8 +62,8 @@ stored under another version then refuses to be reused (``--report-only`` still 
   version 4's numbers.
 * 5: the learner's forward computes each distinct row of a micro-batch once, in length buckets
   (:func:`interq.train.rl.micro_batches`), and packs micro-batches by the tokens that forward computes; the
-  study settings pack 16,384 tokens. Log-probs and losses are the same values, gradients change by float
-  rounding (other GEMM shapes, another accumulation order).
+  ``study-1k`` and demo settings pack 16,384 tokens. Log-probs and losses are the same values, gradients change
+  by float rounding (other GEMM shapes, another accumulation order).
 """
 
 DEFAULT_CHANGES: dict[int, dict[str, tuple[Any, Any]]] = {2: {"rollout.attention": ("sdpa", "sdpa_packed")},
