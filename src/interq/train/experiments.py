@@ -475,8 +475,9 @@ def markdown_table(summary: dict, threshold: float) -> str:
         ci = "n/a" if not s.get("ci95") else f"[{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
         steps = sorted(set(s.get("final_steps") or []))
         bound = s.get("budget_bound_frac")
+        sd = "n/a" if s["seeds"] < 2 else f"{s['success_final_std']:.3f}"  # one seed has no sample SD
         rows.append(f"| {arm} | {s['seeds']} | {'/'.join(map(str, steps))} | {s['success_before']:.3f} | "
-                    f"{s['success_final_mean']:.3f} ± {s['success_final_std']:.3f} | {ci} | "
+                    f"{s['success_final_mean']:.3f} ± {sd} | {ci} | "
                     f"{s['success_best']:.3f} | {reach} | {s['late_regression']:.3f} | "
                     f"{s['learner_forward_passes_per_step']:.1f} | {s['abs_delta_mean']:.4f} | "
                     f"{'-' if bound is None or math.isnan(bound) else f'{bound:.2f}'} | {s['wall_s']:.0f} |")
