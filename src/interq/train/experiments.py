@@ -81,9 +81,9 @@ STUDY_1K_OVERRIDES = [*STUDY_OVERRIDES, "env.env_kwargs={size: small, split_size
 # Settings of ``interq demo``: the study's text setting (4-layer policy writing its actions, 200 held-out valid_seen
 # instances at T = 1, GiGPO at lr 3e-4, groups of 8) cut to DEMO_STEPS steps, starting from the warm start shipped in
 # interq/policies/household_text (made from exactly these settings; ``interq demo --warm-start`` makes it again).
-# Measured 2026-12-05 (2-core Intel Xeon, seed 0): held-out success 0.41 -> 0.67 (bf16) and 0.43 -> 0.66 (q-interq,
-# W8A8-KV8), each +0.23 or more with a paired 95% interval above +0.15; 984 CPU seconds in all, the two arms on one
-# core each, so about 8.5 minutes on a quiet 2-core machine.
+# Measured 2026-12-05 (2-core Intel Xeon, seed 0, NUMERICS_VERSION 5): held-out success 0.41 -> 0.645 (bf16) and
+# 0.43 -> 0.60 (q-interq, W8A8-KV8), paired 95% intervals of the gains above +0.15 and +0.09; each arm about 200 CPU
+# seconds of rollouts and learning plus seven evaluations of 200 episodes (docs/results.md, "The demo").
 DEMO_STEPS = 60
 DEMO_OVERRIDES = [*STUDY_BASE_OVERRIDES, *STUDY_OVERRIDES, f"train.steps={DEMO_STEPS}", "train.eval_every_steps=10",
                   f"train.checkpoint_every_steps={DEMO_STEPS}", LARGE_PACKS]
