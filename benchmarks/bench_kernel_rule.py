@@ -60,6 +60,7 @@ class Piece:
     overrides: tuple[str, ...] = ()  # config overrides of the measured run
     opt_in: bool = False  # off by default here: the measured run turns it on
     parts: tuple[str, ...] = ()  # restrict to these parts (else every part whose census shows its kernels)
+    together: tuple[str, ...] = ()  # other pieces turned off at once (their switches and patches)
 
 
 PIECES: dict[str, Piece] = {
@@ -112,6 +113,12 @@ PIECES: dict[str, Piece] = {
                             "torch's, to rounding)", (), overrides=("train.learner_gemm=onednn",), opt_in=True,
                             parts=("study_learner", "smol_learner")),
 }
+# every rollout piece below the rule on its own, off at once (the amx int8 GEMM and sdpa_packed stay)
+PIECES["below_rule_together"] = Piece(
+    "lean_layers, flash_decode, int8_whole_linear, kv_quant, kv_append, rms_norm, bf16_linear_amx, sampler_uniform "
+    "and race_argmax off at once", (), together=("lean_layers", "flash_decode", "int8_whole_linear", "kv_quant",
+                                                 "kv_append", "rms_norm", "bf16_linear_amx", "sampler_uniform",
+                                                 "race_argmax"), parts=("study_rollout", "smol_rollout"))
 
 
 # ----------------------------------------------------------------------------------- the measured process
@@ -369,7 +376,8 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     piece = PIECES.get(args.off)
     if piece is not None:
-        patch_off(args.off)
+        for name in (args.off, *piece.together):
+            patch_off(name)
     counts = start_census() if args.census else None
     overrides = list(piece.overrides) if piece is not None else []
     run = {"study": study_parts, "smol_rollout": smol_rollout, "smol_learner": smol_learner}[args.worker]
@@ -384,7 +392,8 @@ def measure(args, workload: str, off: str | None, census: bool = False) -> dict:
                                                            "INTERQ_FLASH_DECODE")}
     env["OMP_NUM_THREADS"] = "1"
     if off is not None:
-        env.update(PIECES[off].env)
+        for name in (off, *PIECES[off].together):
+            env.update(PIECES[name].env)
     cmd = [sys.executable, __file__, "--worker", workload, "--off", off or "none", "--batch", args.batch,
            "--study-reps", str(args.study_reps), "--smol-tasks", str(args.smol_tasks),
            "--smol-episodes", str(args.smol_episodes), "--learner-episodes", str(args.learner_episodes)]
