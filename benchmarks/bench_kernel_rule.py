@@ -280,21 +280,15 @@ def study_parts(args, overrides: list[str], counts: dict | None) -> dict:
     from importlib import resources
 
     import torch
+    from bench_study_step import rollout_setup  # a sibling script: benchmarks/ is on sys.path when run as one
 
-    from interq.rollout import RolloutEngine
     from interq.train import rl
-    from interq.train.build import build_executor, chat_format, env_factory, split_tasks
     from interq.train.experiments import REGIMES, SETTINGS, arm_config
-    from interq.train.policy import load_policy
 
     cfg = arm_config("q-interq", [*SETTINGS["study-1k"], *REGIMES["matched"], "train.progress=false", *overrides])
-    model, tokenizer = load_policy(str(resources.files("interq") / "policies" / "household_text"), cfg.model.dtype)
-    make_env = env_factory(cfg.env)
-    train_tasks, _ = split_tasks(make_env, cfg.env, {})
-    fmt = chat_format(tokenizer)
-    executor = build_executor(model, cfg.rollout)
-    engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
-                           max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
+    run = rollout_setup(cfg, str(resources.files("interq") / "policies" / "household_text"))
+    model, fmt, make_env, train_tasks = run.model, run.fmt, run.make_env, run.train_tasks
+    executor, engine = run.executor, run.engine
     tasks, seeds, groups = rl.step_tasks(train_tasks, cfg, 1)
     census, rollout_t, learner_t = {}, CpuTimer(), CpuTimer()
     with rollout_t:
@@ -326,20 +320,13 @@ def smol_config(args, overrides: list[str]):
 def smol_rollout(args, overrides: list[str], counts: dict | None) -> dict:
     """CPU seconds of the SmolLM2 W8A8-KV8 rollout of step 1; the census also saves the learner's batch."""
     import torch
+    from bench_study_step import rollout_setup  # a sibling script: benchmarks/ is on sys.path when run as one
 
-    from interq.rollout import RolloutEngine
     from interq.train import rl
-    from interq.train.build import build_executor, chat_format, env_factory, split_tasks
-    from interq.train.policy import load_policy
 
     cfg = smol_config(args, overrides)
-    model, tokenizer = load_policy(cfg.model.source, cfg.model.dtype)
-    make_env = env_factory(cfg.env)
-    train_tasks, _ = split_tasks(make_env, cfg.env, {})
-    fmt = chat_format(tokenizer)
-    executor = build_executor(model, cfg.rollout)
-    engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
-                           max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
+    run = rollout_setup(cfg, cfg.model.source)
+    fmt, make_env, train_tasks, engine = run.fmt, run.make_env, run.train_tasks, run.engine
     tasks, seeds, groups = rl.step_tasks(train_tasks, cfg, 1)
     with CpuTimer() as t:
         episodes = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg)

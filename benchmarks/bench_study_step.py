@@ -28,6 +28,7 @@ import json
 import statistics
 import time
 from importlib import resources
+from types import SimpleNamespace
 
 import torch
 
@@ -39,6 +40,22 @@ from interq.train.experiments import REGIMES, SETTINGS, arm_config
 from interq.train.policy import load_policy
 
 STUDY_STEPS, STUDY_EVALS, STUDY_EVAL_EPISODES = 200, 5, 1000  # a study-1k run: evaluations at 0, 50, ..., 200
+
+
+def rollout_setup(cfg, policy: str) -> SimpleNamespace:
+    """What a run of ``cfg`` from the policy directory ``policy`` plays with, built as ``interq.train.rl.train``
+    builds it: ``model``, ``fmt``, ``make_env``, ``train_tasks``, ``eval_tasks``, ``executor``, ``engine``."""
+    from interq.rollout import RolloutEngine
+
+    model, tokenizer = load_policy(policy, cfg.model.dtype)
+    make_env = env_factory(cfg.env)
+    train_tasks, eval_tasks = split_tasks(make_env, cfg.env, {})
+    fmt = chat_format(tokenizer)
+    executor = build_executor(model, cfg.rollout)
+    engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
+                           max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
+    return SimpleNamespace(model=model, fmt=fmt, make_env=make_env, train_tasks=train_tasks, eval_tasks=eval_tasks,
+                           executor=executor, engine=engine)
 
 
 def packed_rows(batch, row_subset: list[int], tokens_per_microbatch: int) -> list[list[int]]:
@@ -100,15 +117,9 @@ def main(argv=None) -> dict:
     cfg = arm_config(args.arm, [*SETTINGS["study-1k"], *REGIMES["matched"], "train.progress=false"])
     tokens = args.tokens or cfg.train.tokens_per_microbatch
     policy = args.policy or str(resources.files("interq") / "policies" / "household_text")
-    model, tokenizer = load_policy(policy, cfg.model.dtype)
-    make_env = env_factory(cfg.env)
-    train_tasks, eval_tasks = split_tasks(make_env, cfg.env, {})
-    fmt = chat_format(tokenizer)
-    executor = build_executor(model, cfg.rollout)
-    from interq.rollout import RolloutEngine
-
-    engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
-                           max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
+    run = rollout_setup(cfg, policy)
+    model, fmt, make_env, train_tasks, eval_tasks = run.model, run.fmt, run.make_env, run.train_tasks, run.eval_tasks
+    executor, engine = run.executor, run.engine
     tasks, seeds, groups = rl.step_tasks(train_tasks, cfg, 1)
     t0 = time.process_time()
     episodes = rl.rollout(engine, fmt, make_env, tasks, seeds, groups, rl.sampling_params(cfg, fmt), cfg)
