@@ -143,7 +143,7 @@ def main(argv=None) -> dict:
     model.load_state_dict(state)
     learner = {k: statistics.median(v) for k, v in times.items()}
     lengths = batch.attention_mask.sum(-1)
-    keys = rl.row_keys(batch)
+    keys = rl.row_keys(batch.input_ids, batch.action_mask, batch.attention_mask)
     run = {k: STUDY_STEPS * (rollout_s + v) + STUDY_EVALS * STUDY_EVAL_EPISODES * eval_s for k, v in learner.items()}
     res = {"arm": args.arm, "rows": int(lengths.numel()), "tokens": int(lengths.sum()),
            "distinct_row_share": round(len(set(keys)) / len(keys), 3),

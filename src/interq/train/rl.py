@@ -142,11 +142,12 @@ def build_batch(episodes: list[Episode], cfg: AlgoConfig, pad_id: int) -> Batch:
 BUCKET_FILL = 0.8
 
 
-def row_keys(batch: Batch) -> list[bytes]:
-    """One key per row: its tokens and its scored (action) positions. Rows with the same key have the same learner
-    log-probs, so a forward computes each distinct one once (a group's episodes often repeat each other's turns)."""
-    lengths = batch.attention_mask.sum(-1).tolist()  # [B]
-    ids, act = batch.input_ids.numpy(), batch.action_mask.numpy()
+def row_keys(input_ids: torch.Tensor, action_mask: torch.Tensor, attention_mask: torch.Tensor) -> list[bytes]:
+    """One key per right-padded row [B, L]: its tokens and its scored (action) positions. Rows with the same key have
+    the same learner log-probs, so a forward computes each distinct one once (a group's episodes often repeat each
+    other's turns)."""
+    lengths = attention_mask.sum(-1).tolist()  # [B]
+    ids, act = input_ids.numpy(), action_mask.numpy()
     return [ids[r, :n].tobytes() + act[r, :n].tobytes() for r, n in enumerate(lengths)]
 
 
@@ -178,7 +179,7 @@ def micro_batches(batch: Batch, row_subset: list[int], tokens_per_microbatch: in
     together) so that the forward of each pack, over its distinct rows in length buckets
     (:func:`forward_tokens`), computes at most ``tokens_per_microbatch`` padded tokens (one episode over it: alone)."""
     lengths = batch.attention_mask.sum(-1).tolist()  # [B]
-    keys = row_keys(batch)
+    keys = row_keys(batch.input_ids, batch.action_mask, batch.attention_mask)
     by_ep: dict[int, list[int]] = {}
     for r in row_subset:
         by_ep.setdefault(batch.row_episode[r], []).append(r)
@@ -317,12 +318,10 @@ def _sequence_logprobs(model: torch.nn.Module, mb: dict, batch: Batch) -> torch.
     dev = next(model.parameters()).device  # train.device: the batch stays on the CPU, the forward runs there
     ids, mask, act = mb["input_ids"], mb["attention_mask"], mb["action_mask"]  # [b, width]
     lengths = mask.sum(-1).tolist()
-    a_ids, a_act = ids.numpy(), act.numpy()
     distinct: dict[bytes, int] = {}  # key -> position among the distinct rows
     reps: list[int] = []  # the first row of each distinct one
     which = []  # [b] each row's distinct one
-    for r, n in enumerate(lengths):
-        key = a_ids[r, :n].tobytes() + a_act[r, :n].tobytes()
+    for r, key in enumerate(row_keys(ids, act, mask)):
         if key not in distinct:
             distinct[key] = len(reps)
             reps.append(r)
