@@ -57,7 +57,7 @@ def main() -> None:
     from interq.rollout.attention import flash_decode_matches
 
     if available("interq.quant"):
-        from interq.quant import kernels
+        from interq import kernels
 
         kernels.load()
         if flash_decode_matches(h // hkv, d):

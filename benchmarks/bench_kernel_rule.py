@@ -66,41 +66,25 @@ class Piece:
 PIECES: dict[str, Piece] = {
     "all_kernels": Piece("every compiled kernel (INTERQ_CPU_KERNELS=0: torch's ops, the same numbers)", (),
                          env={"INTERQ_CPU_KERNELS": "0"}),
-    "lean_layers": Piece("the rollout's lean decoder-layer forward, halves included (INTERQ_FAST_LAYERS=0)",
-                         ("layer_attn_in", "layer_attn_out", "rope_bf16"), env={"INTERQ_FAST_LAYERS": "0"}),
-    "layer_halves": Piece("the one-call layer halves layer_attn_in / layer_attn_out (use_fast_layers(True, "
-                          "fused=False): the lean forward calls each kernel from Python)",
-                          ("layer_attn_in", "layer_attn_out")),
+    "lean_layers": Piece("the rollout's lean decoder-layer forward (INTERQ_FAST_LAYERS=0)", (),
+                         env={"INTERQ_FAST_LAYERS": "0"}, parts=("study_rollout", "smol_rollout")),
     "flash_decode": Piece("flash_decode_amx, the one-call decode attention (INTERQ_FLASH_DECODE=0: torch's sdpa)",
                           ("flash_decode_amx",), env={"INTERQ_FLASH_DECODE": "0"}),
     "int8_amx": Piece("the amx int8 backend: int8_linear_amx / int8_gemm_amx (int8 backend auto -> int_mm: "
-                      "torch._int_mm; the activation-quant and epilogue kernels stay; no halves)",
-                      ("int8_linear_amx", "int8_gemm_amx", "layer_attn_in", "layer_attn_out")),
+                      "torch._int_mm; the activation-quant and epilogue kernels stay)",
+                      ("int8_linear_amx", "int8_gemm_amx")),
     "int8_whole_linear": Piece("int8_linear_amx's one call (whole_linear_kernel -> None: quant_act_int8, "
-                               "int8_gemm_amx and epilogue called in turn; no halves)",
-                               ("int8_linear_amx", "layer_attn_in", "layer_attn_out")),
+                               "int8_gemm_amx and epilogue called in turn)",
+                               ("int8_linear_amx",)),
     "quant_act_epilogue": Piece("quant_act_int8 and epilogue (the eager activation quantizer and epilogue)",
                                 ("quant_act_int8", "epilogue")),
-    "kv_quant": Piece("quant_kv_int8 / dequant_kv_int8 / fake_quant_kv_int8 of the executor's KV cache (eager "
-                      "primitives)", ("quant_kv_int8", "dequant_kv_int8", "fake_quant_kv_int8"), parts=(
-                          "study_rollout", "smol_rollout")),
-    "kv_append": Piece("kv_append, the decode step's one-call cache write (append_columns)", ("kv_append",)),
-    "rms_norm": Piece("rms_norm_bf16 / torch_row_sums (no FusedRMSNorm: transformers' RMSNorm; no halves)",
-                      ("rms_norm_bf16", "layer_attn_in", "layer_attn_out")),
-    "rope": Piece("rope_bf16 (transformers' apply_rotary_pos_emb; layer_attn_in off with it)",
-                  ("rope_bf16", "layer_attn_in")),
+    "rms_norm": Piece("rms_norm_bf16 / torch_row_sums (no FusedRMSNorm: transformers' RMSNorm)",
+                      ("rms_norm_bf16",)),
     "bf16_linear_amx": Piece("bf16_linear_amx, the AMX-BF16 product of the executor's bf16 linears (lm_head here; "
                              "use_amx_product(False): F.linear)", ("bf16_linear_amx",)),
-    "sampler_uniform": Piece("uniform_f64_rows, the bulk mt19937 uniforms (Tensor.uniform_ per row, threads)",
-                             ("uniform_f64_rows",)),
-    "race_argmax": Piece("race_argmax (probs.div_(race).argmax(-1))", ("race_argmax",)),
     "sdpa_packed": Piece("the rollout's packed-GQA attention sdpa_packed, flash decode included (rollout.attention=sdpa: "
                          "transformers' sdpa, to rounding)", (), overrides=("rollout.attention=sdpa",),
                          parts=("study_rollout", "smol_rollout")),
-    "packed_kernel_attention": Piece("decode_attention / masked_attention (opt-in: rollout.attention=packed_kernel "
-                                     "against the default sdpa_packed, to rounding)", (),
-                                     overrides=("rollout.attention=packed_kernel",), opt_in=True,
-                                     parts=("study_rollout", "smol_rollout")),
     "learner_fake_quant": Piece("the aligned learner's fake_quant_act_int8 / fake_quant_kv_int8 (P.fq_activation_ste "
                                 "/ P.fq_kv_ste)", ("fake_quant_act_int8", "fake_quant_kv_int8"),
                                 parts=("study_learner", "smol_learner")),
@@ -115,10 +99,9 @@ PIECES: dict[str, Piece] = {
 }
 # every rollout piece below the rule on its own, off at once (the amx int8 GEMM and sdpa_packed stay)
 PIECES["below_rule_together"] = Piece(
-    "lean_layers, flash_decode, int8_whole_linear, kv_quant, kv_append, rms_norm, bf16_linear_amx, sampler_uniform "
-    "and race_argmax off at once", (), together=("lean_layers", "flash_decode", "int8_whole_linear", "kv_quant",
-                                                 "kv_append", "rms_norm", "bf16_linear_amx", "sampler_uniform",
-                                                 "race_argmax"), parts=("study_rollout", "smol_rollout"))
+    "lean_layers, flash_decode, int8_whole_linear, rms_norm and bf16_linear_amx off at once", (),
+    together=("lean_layers", "flash_decode", "int8_whole_linear", "rms_norm", "bf16_linear_amx"),
+    parts=("study_rollout", "smol_rollout"))
 
 
 # ----------------------------------------------------------------------------------- the measured process
@@ -153,13 +136,10 @@ def patch_off(piece: str) -> None:
     from importlib import import_module
 
     # the modules themselves (interq.quant re-exports functions under some module names, e.g. ``aligned``)
-    kernels, L, P, F, S, KC, KB, R, AL, PL = (import_module(f"interq.{m}") for m in (
-        "quant.kernels", "quant.linear", "quant.primitives", "rollout.fast_layers", "rollout.sampling",
-        "quant.kv_cache", "quant.kv_buffer", "quant.rms_norm", "quant.aligned", "quant.packed_linear"))
+    kernels, L, P, R, AL, PL = (import_module(f"interq.{m}") for m in (
+        "kernels", "quant.linear", "quant.primitives", "quant.rms_norm", "quant.aligned", "quant.packed_linear"))
 
-    if piece == "layer_halves":
-        F.use_fast_layers(True, fused=False)
-    elif piece == "int8_amx":
+    if piece == "int8_amx":
         resolve = L.resolve_int8_backend
         L.resolve_int8_backend = lambda b, device=None: resolve("int_mm" if b == "auto" else b, device)
     elif piece == "int8_whole_linear":
@@ -177,72 +157,13 @@ def patch_off(piece: str) -> None:
                 kernels._ENABLED["value"] = was
 
         L.epilogue_split = eager_split
-    elif piece == "kv_quant":
-        KC._dequant = lambda q, s, dtype: P.dequant_kv(q, s, dtype)
-        for cls in vars(KC).values():
-            if isinstance(cls, type) and "_quantize_pair" in vars(cls):
-                cls._quantize_pair = staticmethod(_without_kernels(vars(cls)["_quantize_pair"].__func__))
-            if isinstance(cls, type) and "_roundtrip" in vars(cls):
-                cls._roundtrip = staticmethod(_without_kernels(vars(cls)["_roundtrip"].__func__))
-    elif piece == "kv_append":
-        KB.append_pair = KC.append_pair = lambda *a, **k: None
     elif piece == "rms_norm":
         R.FusedRMSNorm.from_norm = classmethod(lambda cls, norm: None)
-    elif piece == "rope":
-        rope_function = F._rope_function
-
-        def no_kernel(attn, modeling):
-            got = rope_function(attn, modeling)
-            return None if got is None else (got[0], False)
-
-        F._rope_function = no_kernel
-    elif piece == "sampler_uniform":
-        race, get, off = S.exponential_race, S._kernels, [False]
-        S._kernels = lambda: None if off[0] else get()
-
-        def eager_race(*a, **k):
-            off[0] = True
-            try:
-                return race(*a, **k)
-            finally:
-                off[0] = False
-
-        S.exponential_race = eager_race
-    elif piece == "race_argmax":
-        get = S._kernels
-        S._kernels = lambda: (None if get() is None else _Hiding(get(), {"race_argmax"}))
     elif piece == "bf16_linear_amx":
         PL.use_amx_product(False)
     elif piece == "learner_fake_quant":
         AL.fq_activation = lambda x, qcfg: P.fq_activation_ste(x, qcfg)
         AL.fq_kv = lambda t, qcfg: P.fq_kv_ste(t, qcfg)
-
-
-def _without_kernels(fn):
-    """``fn`` run with ``kernels.get()`` returning None (its eager branch)."""
-    from interq.quant import kernels
-
-    def run(*a, **k):
-        was = kernels._ENABLED["value"]
-        kernels._ENABLED["value"] = False
-        try:
-            return fn(*a, **k)
-        finally:
-            kernels._ENABLED["value"] = was
-
-    return run
-
-
-class _Hiding:
-    """The kernels module without some of its functions (``hasattr`` false for them)."""
-
-    def __init__(self, mod, hidden: set[str]):
-        self._mod, self._hidden = mod, hidden
-
-    def __getattr__(self, name):
-        if name in self._hidden:
-            raise AttributeError(name)
-        return getattr(self._mod, name)
 
 
 class _Counting:
@@ -265,7 +186,7 @@ class _Counting:
 
 
 def start_census() -> dict:
-    from interq.quant import kernels
+    from interq import kernels
 
     counts: dict = {}
     mod = kernels.load()

@@ -19,7 +19,7 @@ log-probs (0 for ``bf16bwd``).
 
 The header and the RESULT line record the machine (``machine``: ``interq.machine.machine_info()`` at the start,
 ``load_avg_end`` at the end; thread count included). On CPU the arm ``aligned_fp32_eager`` is the aligned learner
-without the fused CPU kernels (``interq.quant.kernels``; the same numbers): ``kernels_over_eager_aligned_fp32``.
+without the fused CPU kernels (``interq.kernels``; the same numbers): ``kernels_over_eager_aligned_fp32``.
 Every arm's causal attention is ``--learner-attention`` (``train.learner_attention``: ``auto`` as a run's config
 resolves it on this machine, ``sdpa`` or ``kernel``), recorded as ``learner_attention``.
 Ends with ``RESULT {json}``.
@@ -38,7 +38,8 @@ import torch
 
 from interq.algo.loss import ppo_loss
 from interq.machine import bf16_native, describe, load_avg, machine_info, resolve_device, synchronize
-from interq.quant import QuantConfig, kernels
+from interq import kernels
+from interq.quant import QuantConfig
 from interq.rollout import sequence_logprobs
 from interq.train.rl import learner_context
 
@@ -88,7 +89,7 @@ def bench_model(name: str, model, args, device: torch.device, use_bf16: bool) ->
     label = lambda al, pr, eg=False: f"{'aligned' if al else 'plain'}_{pr}" + ("_eager" if eg else "")  # noqa: E731
     arms = [(al, pr, False) for al in (False, True) for pr in (PRECISIONS if use_bf16 else ("fp32",))
             if args.arms is None or label(al, pr) in args.arms]
-    # the aligned learner without the fused CPU kernels (interq.quant.kernels): the same numbers, eager ops
+    # the aligned learner without the fused CPU kernels (interq.kernels): the same numbers, eager ops
     if device.type == "cpu" and (args.arms is None or "aligned_fp32_eager" in args.arms):
         arms.append((True, "fp32", True))
     # warm-up (allocator, lazy init), one small pass per arm

@@ -12,7 +12,7 @@ from a config):
     less with other jobs' load), with the executor as built (fused q|k|v and gate|up GEMMs, ``auto`` backend) and
     its bit-identical variants: unfused (one QuantLinear per linear), a cache keeping its dequantized copy, the
     ``torch._int_mm`` backend forced, the ``vnni`` backend on AMX CPUs (where ``auto`` is ``amx``),
-    the executor without its fused CPU kernels (``interq.quant.kernels``); W8A8 with a bf16 cache; the bf16
+    the executor without its fused CPU kernels (``interq.kernels``); W8A8 with a bf16 cache; the bf16
     executor without its linears packed for oneDNN (``bf16_unpacked``, :mod:`interq.quant.packed_linear`; the ratios
     stay over the packed bf16 executor, the rollout's); optionally HF ``generate`` (``--hf-generate``);
   - KV bytes per token over bf16; weight-sync seconds.
@@ -33,7 +33,7 @@ import torch
 from interq.machine import describe, load_avg, machine_info, resolve_device, synchronize
 from interq.quant import (BF16_EXECUTOR, QuantConfig, aligned, kv_bytes_per_token, make_executor, make_kv_cache,
                           sync_weights)
-from interq.quant import kernels
+from interq import kernels
 from interq.quant.linear import amx_available, resolve_int8_backend
 from interq.quant.testing import tiny_causal_lm
 from interq.rollout.attention import ATTENTION_CHOICES

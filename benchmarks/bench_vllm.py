@@ -237,7 +237,7 @@ def main() -> None:
     ap.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (torch.compile; slow to start on 2 cores)")
     ap.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND (default 0-<threads-1>; 'auto' = vLLM's own)")
     ap.add_argument("--vllm-timeout", type=int, default=900, help="seconds per vLLM configuration")
-    ap.add_argument("--attention", default="sdpa_packed", choices=["sdpa", "sdpa_packed", "packed_kernel"],
+    ap.add_argument("--attention", default="sdpa_packed", choices=["sdpa", "sdpa_packed"],
                     help="our engines' attention (rollout.attention; default: the rollout's default)")
     args = ap.parse_args()
     if args.vllm_worker:

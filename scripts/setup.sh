@@ -95,7 +95,7 @@ fi
 
 # the int8 executor's fused CPU kernels: compiled once per machine class (about a minute); without a C++
 # compiler the executor keeps its eager ops (same numbers, slower), so a failed build does not stop the set-up
-if ! "$VENV/bin/python" -c 'import sys; from interq.quant import kernels; sys.exit(kernels.main())'; then
+if ! "$VENV/bin/python" -c 'import sys; from interq import kernels; sys.exit(kernels.main())'; then
   echo "setup: the fused CPU kernels were not built (see above); the int8 executor uses its eager ops" >&2
 fi
 

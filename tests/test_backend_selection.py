@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from interq.quant import kernels
+from interq import kernels
 from interq.quant.linear import resolve_int8_backend
 
 pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),

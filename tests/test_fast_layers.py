@@ -1,6 +1,5 @@
-"""The rollout executor's lean Llama decoder-layer forward (interq.rollout.fast_layers) and its rotary-embedding
-kernel (``rope_bf16``): the eager layer's values bit for bit, and transformers' own forward wherever the lean one
-could differ."""
+"""The rollout executor's lean Llama decoder-layer forward (interq.rollout.fast_layers): the eager layer's values bit
+for bit, and transformers' own forward wherever the lean one could differ."""
 
 from __future__ import annotations
 
@@ -11,7 +10,8 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama as ML
 
-from interq.quant import BF16_EXECUTOR, QuantConfig, kernels, make_executor, make_kv_cache
+from interq import kernels
+from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor, make_kv_cache
 from interq.rollout import RolloutEngine, SamplingParams
 from interq.rollout import fast_layers as FL
 from interq.rollout.fast_layers import set_rollout_attention
@@ -19,7 +19,7 @@ from interq.rollout.fast_layers import set_rollout_attention
 
 def _kernels():
     mod = kernels.load()
-    if mod is None or not hasattr(mod, "rope_bf16"):
+    if mod is None:
         pytest.skip("needs interq's CPU kernels")
     return mod
 
@@ -46,41 +46,6 @@ def _rand(gen, shape, spread):
     return (x * torch.exp(spread * torch.randn(*shape, generator=gen))).bfloat16()
 
 
-@pytest.mark.parametrize("b,s,h,hkv,d,cos_rows", [(16, 1, 9, 3, 64, 16), (2, 5, 9, 3, 64, 2), (3, 7, 4, 2, 32, 1),
-                                                   (1, 3, 2, 1, 128, 1), (4, 1, 8, 8, 16, 4), (5, 2, 6, 2, 2, 5)])
-@pytest.mark.parametrize("spread", [0.0, 3.0, 20.0])
-def test_rope_kernel_equals_apply_rotary_pos_emb(b, s, h, hkv, d, cos_rows, spread):
-    """Both products and their sum rounded as the eager ops round them, on inputs whose magnitudes differ by up to
-    e^60 (so that the float sum itself rounds, and products fall below bf16's normal range); the result's values
-    and layout are the eager function's."""
-    mod = _kernels()
-    gen = torch.Generator().manual_seed(b * 1000 + s * 10 + d)
-    q, k = _rand(gen, (b, s, h, d), spread), _rand(gen, (b, s, hkv, d), spread)
-    cos, sin = _rand(gen, (cos_rows, s, d), spread), _rand(gen, (cos_rows, s, d), spread)
-    ref_q, ref_k = ML.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-    qo, ko, nan = mod.rope_bf16(q, k, cos, sin)
-    assert not nan
-    assert torch.equal(_bits(qo.transpose(1, 2)), _bits(ref_q)) and torch.equal(_bits(ko.transpose(1, 2)), _bits(ref_k))
-    out_q, out_k = FL._rope(ML.apply_rotary_pos_emb, q, k, cos, sin)
-    assert _layout(out_q) == _layout(ref_q) and _layout(out_k) == _layout(ref_k)
-    assert torch.equal(_bits(out_q), _bits(ref_q)) and torch.equal(_bits(out_k), _bits(ref_k))
-
-
-def test_rope_nan_outputs_take_the_eager_ops():
-    """inf * 0 and inf - inf make NaNs, whose bits torch's vectorized conversion writes otherwise: the kernel says
-    so and the eager function's result is returned."""
-    mod = _kernels()
-    q = torch.ones(2, 1, 3, 32, dtype=torch.bfloat16)
-    q[0, 0, 1, 3] = float("inf")
-    k = torch.ones(2, 1, 1, 32, dtype=torch.bfloat16)
-    cos = torch.ones(2, 1, 32, dtype=torch.bfloat16)
-    sin = torch.zeros(2, 1, 32, dtype=torch.bfloat16)
-    assert mod.rope_bf16(q, k, cos, sin)[2]
-    ref_q, ref_k = ML.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-    out_q, out_k = FL._rope(ML.apply_rotary_pos_emb, q, k, cos, sin)
-    assert torch.equal(_bits(out_q), _bits(ref_q)) and torch.equal(_bits(out_k), _bits(ref_k))
-
-
 def _play(model, cache_factory=None):
     """Two turns of three padded episodes: a prefill, decode steps, a masked prefill over the cache, decode."""
     gen = torch.Generator().manual_seed(1)
@@ -93,26 +58,17 @@ def _play(model, cache_factory=None):
 
 
 def _counting(monkeypatch):
-    """Counts the lean forward's runs (each runs the rotary embedding through ``_rope``, or the kernels' one-call
-    first half, "fused"; a call handed over to transformers' forward does neither)."""
-    calls = {"lean": 0, "fused": 0}
-    real = FL._rope
+    """Counts the lean forward's runs: the hook check is the last condition before it runs (a call handed over to
+    transformers' forward earlier never asks it; one with hooks is handed over by it)."""
+    calls = {"lean": 0}
+    real = FL._hooked
 
-    def rope(*args):
-        calls["lean"] += 1
-        return real(*args)
+    def hooked(mods):
+        out = real(mods)
+        calls["lean"] += not out
+        return out
 
-    monkeypatch.setattr(FL, "_rope", rope)
-    mod = kernels.get()
-    if mod is not None and hasattr(mod, "layer_attn_in"):
-        real_in = mod.layer_attn_in
-
-        def attn_in(*args):
-            calls["lean"] += 1
-            calls["fused"] += 1
-            return real_in(*args)
-
-        monkeypatch.setattr(mod, "layer_attn_in", attn_in)
+    monkeypatch.setattr(FL, "_hooked", hooked)
     return calls
 
 
@@ -121,25 +77,17 @@ def _assert_same_episodes(a_list, b_list):
         assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
 
 
-def _engine_same(model, monkeypatch, factory=None, fused=None):
-    """The engine's episodes with the lean forward (which must have run; with the one-call halves where ``fused``,
-    None: wherever they apply), without those halves, and with transformers' forward."""
+def _engine_same(model, monkeypatch, factory=None):
+    """The engine's episodes with the lean forward (which must have run) and with transformers' forward."""
     calls = _counting(monkeypatch)
     try:
         lean = _play(model, factory)
         assert calls["lean"] > 0
-        if fused is not None:
-            assert (calls["fused"] > 0) == fused
-        FL.use_fast_layers(True, fused=False)
-        before = dict(calls)
-        unfused = _play(model, factory)
-        assert calls["lean"] > before["lean"] and calls["fused"] == before["fused"]
         FL.use_fast_layers(False)
         eager = _play(model, factory)
     finally:
         FL.use_fast_layers(True)
     _assert_same_episodes(lean, eager)
-    _assert_same_episodes(unfused, eager)
 
 
 @pytest.mark.parametrize("executor", ["bf16", "w8a8-kv8", "w8a8"])
@@ -151,28 +99,13 @@ def test_engine_episodes_are_the_same_with_and_without_it(executor, attention, m
     qcfg = {"bf16": BF16_EXECUTOR, "w8a8-kv8": QuantConfig(), "w8a8": QuantConfig(kv_format="none")}[executor]
     model = set_rollout_attention(make_executor(learner, qcfg), attention)
     assert all("forward" in vars(layer) for layer in model.model.layers)
-    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None,
-                 fused=True if _amx_kernels() else None)
-
-
-def _amx_kernels() -> bool:
-    """Whether this machine runs the AMX int8 and bf16 products, or the AVX2 ones (a CPU without AVX-512 or native
-    bf16): then the one-call halves apply to these models."""
-    from interq.quant import packed_linear
-    from interq.quant.linear import resolve_int8_backend
-
-    mod = kernels.load()
-    if mod is None or not hasattr(mod, "layer_attn_in"):
-        return False
-    if mod.has_int8_gemm_amx() and mod.has_bf16_gemm_amx():
-        return True
-    return resolve_int8_backend("auto") == "avx2" and packed_linear.avx2_available()[0]
+    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None)
 
 
 @pytest.mark.parametrize("executor", ["bf16", "w8a8-kv8"])
-def test_the_one_call_halves_follow_a_weight_sync(executor, monkeypatch):
+def test_the_lean_forward_follows_a_weight_sync(executor, monkeypatch):
     """After the executor's weights are synced from a changed learner (int8 codes requantized in place, bf16
-    weights copied: their AMX layout made again), the one-call halves use the new weights."""
+    weights copied: their AMX layout made again), the lean forward uses the new weights."""
     from interq.quant import sync_weights
 
     learner = _tiny()
@@ -187,14 +120,13 @@ def test_the_one_call_halves_follow_a_weight_sync(executor, monkeypatch):
     sync_weights(learner, model)
     second = _play(model, factory)
     assert not all(torch.equal(a.behavior_logprobs, b.behavior_logprobs) for a, b in zip(first, second))
-    _engine_same(model, monkeypatch, factory, fused=True if _amx_kernels() else None)
+    _engine_same(model, monkeypatch, factory)
 
 
 @pytest.mark.parametrize("executor", ["bf16", "w8a8"])
-def test_the_one_call_halves_give_way_to_nan_rows_and_many_rows(executor, monkeypatch):
-    """A row holding inf (the norms' outputs are NaN: their eager ops decide, the first half step by step, the second
-    from its residual) and a prefill of more rows than the packed bf16 product takes (F.linear): transformers'
-    forward's bits."""
+def test_nan_rows_and_many_rows_give_transformers_bits(executor, monkeypatch):
+    """A row holding inf (the norms' outputs are NaN: their eager ops decide) and a prefill of more rows than the
+    packed bf16 product takes (F.linear): transformers' forward's bits."""
     qcfg = BF16_EXECUTOR if executor == "bf16" else QuantConfig(kv_format="none")
     model = set_rollout_attention(make_executor(_tiny(), qcfg), "sdpa_packed")
     layer = model.model.layers[0]
@@ -300,7 +232,7 @@ def test_other_layer_classes_are_left_alone():
 def test_qwen2_and_mistral_engine_episodes_are_the_same_with_and_without_it(family, window, executor, monkeypatch):
     """Qwen2 (q|k|v biases: each product called on its own) and Mistral layers, with and without a sliding window
     (passed on to the attention function; Mistral's read from its config): the engine's episodes with the lean
-    forward, without the one-call halves, and with transformers' forward."""
+    forward and with transformers' forward."""
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     if window and executor == "w8a8-kv8":
@@ -316,9 +248,7 @@ def test_qwen2_and_mistral_engine_episodes_are_the_same_with_and_without_it(fami
     qcfg = {"bf16": BF16_EXECUTOR, "w8a8-kv8": QuantConfig(), "w8a8": QuantConfig(kv_format="none")}[executor]
     model = set_rollout_attention(make_executor(model.bfloat16().eval().requires_grad_(False), qcfg), "sdpa_packed")
     assert all("forward" in vars(layer) for layer in model.model.layers)
-    fused = True if family == "mistral" and _amx_kernels() else None  # Qwen2's biases: no one-call halves
-    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None,
-                 fused=False if family == "qwen2" else fused)
+    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None)
 
 
 def _qwen3(hidden=192, heads=6, kv_heads=2, head_dim=32, window=None, seed=0):
@@ -341,7 +271,7 @@ def _qwen3(hidden=192, heads=6, kv_heads=2, head_dim=32, window=None, seed=0):
 @pytest.mark.parametrize("shape", ["study", "wide", "window"])
 def test_qwen3_engine_episodes_are_the_same_with_and_without_it(executor, shape, monkeypatch):
     """Qwen3 layers (q and k normalized per head before the rotary embedding): the study's tiny policy's shape
-    (width 64, head_dim 16), a wider one (the flash decode and the one-call halves apply), and one whose second
+    (width 64, head_dim 16), a wider one (the one-call flash decode applies), and one whose second
     layer slides a 4-token window (its window passed on; no one-call flash decode there)."""
     if shape == "window" and executor == "w8a8-kv8":
         pytest.skip("the 8-bit KV cache takes full-attention layers only (make_kv_cache says so)")
@@ -352,8 +282,7 @@ def test_qwen3_engine_episodes_are_the_same_with_and_without_it(executor, shape,
             "fp32": BF16_EXECUTOR}[executor]
     model = set_rollout_attention(make_executor(model.float() if executor == "fp32" else model, qcfg), "sdpa_packed")
     assert all("forward" in vars(layer) for layer in model.model.layers)
-    fused = True if executor in ("bf16", "w8a8-kv8", "w8a8") and shape == "wide" and _amx_kernels() else None
-    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None, fused=fused)
+    _engine_same(model, monkeypatch, (lambda c: make_kv_cache(qcfg, c)) if qcfg.quantizes_kv else None)
 
 
 @pytest.mark.parametrize("qcfg", [QuantConfig(), BF16_EXECUTOR], ids=["w8a8", "bf16"])
@@ -465,18 +394,17 @@ def _kernels_package_layer():
     return model, funcs
 
 
-def test_the_kernels_packages_rotary_routing_keeps_interqs_kernel(monkeypatch):
-    """With the kernels package, ``apply_rotary_pos_emb`` is a function module; the lean forward still stands
-    interq's kernel in for it (the CI of stop 33 ran transformers 5.25: the kernel was silently never used)."""
+def test_the_kernels_packages_rotary_routing_keeps_the_lean_forward(monkeypatch):
+    """With the kernels package, ``apply_rotary_pos_emb`` is a function module that the attention routes to its own
+    copy; the lean forward calls that copy, with the eager layer's values."""
     model, _ = _kernels_package_layer()
-    _kernels()
     assert FL.install(model) == len(model.model.layers)
     _engine_same(model, monkeypatch)
 
 
 def test_a_kernelized_rotary_embedding_is_called(monkeypatch):
     """Once ``kernels.kernelize`` gives the attention's copy a forward of its own (a hub kernel), the lean forward
-    calls that forward, as transformers' routing does, and not interq's kernel; also when the layer ran before."""
+    calls that forward, as transformers' routing does; also when the layer ran before."""
     import types
 
     model, funcs = _kernels_package_layer()
@@ -496,13 +424,13 @@ def test_a_kernelized_rotary_embedding_is_called(monkeypatch):
     own.forward = types.MethodType(hub_kernel, own)
     try:
         lean = layer(x, position_embeddings=pos)
-        assert calls["lean"] == 1 and len(ran) == 1 and not torch.equal(lean, plain)
+        assert calls["lean"] == 2 and len(ran) == 1 and not torch.equal(lean, plain)
         FL.use_fast_layers(False)
         assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(lean)) and len(ran) == 2
     finally:
         FL.use_fast_layers(True)
         del own.forward
-    assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(plain)) and calls["lean"] == 2
+    assert torch.equal(_bits(layer(x, position_embeddings=pos)), _bits(plain)) and calls["lean"] == 3
 
 
 def test_other_kernel_functions_leave_the_layer_alone():
@@ -533,7 +461,7 @@ def _transformers_forward(layer, x, pos):
 @pytest.mark.parametrize("part", ["act_fn", "post_attention_layernorm", "down_proj", "q_proj"])
 def test_a_forward_patched_on_a_part_after_the_first_call_is_called(qcfg, part, monkeypatch):
     """An instance ``forward`` given to a submodule after the layer ran (``kernels.kernelize``, another library's
-    patch) is called by the lean forward too, fused halves or not (the plan is gathered again)."""
+    patch) is called by the lean forward too (the plan is gathered again)."""
     model, layer, x, pos = _layer_and_input(qcfg)
     with torch.inference_mode():
         layer(x, position_embeddings=pos)

@@ -457,7 +457,7 @@ def test_an_invalid_switch_stops_the_command_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_kernels_directory_that_is_a_file_is_said_once(tmp_path):
     (tmp_path / "k").write_text("")
-    code = "from interq.quant import kernels; print(kernels.load()); print(kernels.load())"
+    code = "from interq import kernels; print(kernels.load()); print(kernels.load())"
     p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "INTERQ_KERNELS_DIR": str(tmp_path / "k")},
                        capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.split() == ["None", "None"]
@@ -465,7 +465,7 @@ def test_a_kernels_directory_that_is_a_file_is_said_once(tmp_path):
 
 
 def test_a_stale_kernel_build_lock_is_taken_over_with_a_message(tmp_path, capsys):
-    from interq.quant import kernels
+    from interq import kernels
 
     (tmp_path / "lock").write_text("")  # torch's build lock, left by a killed build
     with kernels._build_lock(tmp_path):

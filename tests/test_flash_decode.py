@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from interq.quant import kernels
+from interq import kernels
 from interq.rollout import attention as A
 from interq.rollout.fast_layers import set_rollout_attention
 

@@ -4,7 +4,7 @@ chain. docs/architecture.md describes the rooms; :data:`LAYERS` below is the tab
 
 The graph is read with ``ast`` from the source files, not by importing them, so it sees imports that run only on
 some paths (inside functions, under ``if``) and needs none of the optional dependencies. An edge goes to the module
-an import names (``from interq.quant import kernels`` -> ``interq.quant.kernels``, ``from interq.quant.config import
+an import names (``from interq import kernels`` -> ``interq.kernels``, ``from interq.quant.config import
 X`` -> ``interq.quant.config``); the parent packages Python runs on the way are not edges.
 """
 
@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: dict[str, tuple[int, tuple[str, ...]]] = {
     "base": (0, ("interq", "interq._optional", "interq._hf", "interq.allocator", "interq.presets", "interq.switches",
                  "interq.errors")),
-    "kernels": (1, ("interq.quant.kernels", "interq.kernels")),
+    "kernels": (1, ("interq.kernels",)),
     "algo": (1, ("interq.algo",)),  # the algorithm: a leaf
     "envs": (1, ("interq.envs",)),  # environments: leaves the agent loop uses
     "models": (1, ("interq.models",)),

@@ -2,8 +2,8 @@
 
 The kernels are built on each machine with ``-march=native``, so a machine compiles only its own ``#if`` branches:
 an edit to the AVX2 tiles would first fail to compile on an AVX2 user's machine. Here each source file under the
-kernels' ``csrc`` folder is compiled for one target of each CPU class, with the flags and include paths of the real
-build (torch's ``cpp_extension`` writes them, as for ``interq.quant.kernels``' build, and only ``-march`` changes),
+kernels' ``csrc`` folder (with the topic headers it includes) is compiled for one target of each CPU class, with the flags and include paths of the real
+build (torch's ``cpp_extension`` writes them, as for ``interq.kernels``' build, and only ``-march`` changes),
 to an object file (``-c``: code generation and the assembler run, not only the parser), the targets in parallel:
 
 - ``x86-64-v2``: no AVX2 (the scalar and SSE code);
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from interq.quant import kernels
+from interq import kernels
 
 MARCHES = ("x86-64-v2", "x86-64-v3", "x86-64-v4", "cascadelake", "sapphirerapids")
 CSRC = Path(kernels.__file__).with_name("csrc")
@@ -87,7 +87,8 @@ def test_every_isa_branch_of_the_kernels_compiles(tmp_path):
         main.write_text("#include <torch/extension.h>\n" + src.read_text())
         for march in MARCHES:
             out = tmp_path / f"{src.stem}.{march}.o"
-            cmd = [cxx, *[f"-march={march}" if f == "-march=native" else f for f in flags], "-c", str(main), "-o", str(out)]
+            cmd = [cxx, *[f"-march={march}" if f == "-march=native" else f for f in flags], "-I", str(CSRC), "-c",
+                   str(main), "-o", str(out)]
             jobs.append((src.name, march, out, cmd))
 
     def run(job):
@@ -117,3 +118,10 @@ def test_each_target_enables_the_branches_it_stands_for():
         assert r.returncode == 0, f"{cxx} does not know -march={march}: {r.stderr.strip()[-300:]}"
         defined = set(re.findall(r"#define (__\w+__)", r.stdout))
         assert on <= defined and not (off & defined), (march, sorted(on - defined), sorted(off & defined))
+
+
+def test_each_kernel_source_stays_short_enough_to_read():
+    """The kernels are split by topic: no C++ file of the kernels' folder is over 800 lines."""
+    long = {p.name: n for p in sorted(CSRC.iterdir()) if p.suffix in (".cpp", ".h")
+            for n in [len(p.read_text().splitlines())] if n > 800}
+    assert not long, f"C++ sources over 800 lines (split them by topic): {long}"

@@ -1,4 +1,4 @@
-"""The ``amx`` int8 backend (interq.quant.kernels' AMX-INT8 tile GEMM, every row count): the exact int32 accumulator
+"""The ``amx`` int8 backend (interq.kernels' AMX-INT8 tile GEMM, every row count): the exact int32 accumulator
 of torch._int_mm for every shape, extreme codes and thread count, from the same packed weights as the ``vnni``
 backend (its modules and executors against the int_mm backend's, before and after a weight sync: with the vnni
 backend's in tests/test_quant_vnni.py). Skipped on CPUs without AMX-INT8 (the backend is not offered there; ``auto``
@@ -7,7 +7,7 @@ does not choose it)."""
 import pytest
 import torch
 
-from interq.quant import kernels
+from interq import kernels
 from interq.quant.linear import (INT8_BACKENDS, amx_available, avx2_available, int8_accumulate, resolve_int8_backend,
                                  vnni_available, vnni_pack)
 from interq.quant.testing import random_codes as _codes

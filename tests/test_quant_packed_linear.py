@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor
-from interq.quant import kernels, packed_linear
+from interq import kernels
+from interq.quant import packed_linear
 from interq.quant.packed_linear import PACKED_MAX_M, PackedBf16Linear, pack_bf16_linears, packing_available
 from interq.quant.testing import perturb_and_sync, seeded_linear, tiny_causal_lm
 

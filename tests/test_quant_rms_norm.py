@@ -11,7 +11,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from interq.quant import BF16_EXECUTOR, QuantConfig, kernels, make_executor
+from interq import kernels
+from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor
 from interq.quant.rms_norm import FusedRMSNorm, fuse_rms_norms, sum_lanes
 from interq.quant.testing import perturb_and_sync, tiny_causal_lm
 

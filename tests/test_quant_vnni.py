@@ -1,4 +1,4 @@
-"""The ``vnni`` int8 backend (interq.quant.kernels' AVX512-VNNI GEMM for decode-size rows): the exact int32
+"""The ``vnni`` int8 backend (interq.kernels' AVX512-VNNI GEMM for decode-size rows): the exact int32
 accumulator of torch._int_mm for every shape, extreme codes and thread count, and executors bit-identical to the
 int_mm backend's, before and after a weight sync; the module and executor tests also for the ``amx`` backend, which
 uses the same packed weights (its GEMM's own tests: tests/test_quant_amx.py). Skipped on CPUs without AVX512-VNNI
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from interq.quant import QuantConfig, make_executor
-from interq.quant import kernels
+from interq import kernels
 from interq.quant.linear import (INT8_BACKENDS, VNNI_MAX_M, FusedQuantLinear, QuantExperts, QuantLinear,
                                  amx_available, avx2_available, int8_accumulate, resolve_int8_backend,
                                  vnni_available, vnni_pack)

@@ -378,17 +378,12 @@ def test_scored_logprobs_equal_the_full_computation():
 
 
 
-@pytest.mark.parametrize("kernel", [False, True])
 @pytest.mark.parametrize("inference", [False, True])
-def test_exponential_race_equals_the_serial_loop(inference, kernel):
-    """The rows of the race, drawn by interq's kernel (``uniform_f64_rows``) or in parallel Python threads, are the
-    numbers a serial loop over the generators draws, and leave each generator where the loop leaves it: generators
-    already advanced, an odd vocabulary, and one generator named twice (drawn in row order)."""
-    from interq.quant import kernels
+def test_exponential_race_equals_the_serial_loop(inference):
+    """The rows of the race, drawn in parallel Python threads, are the numbers a serial loop over the generators
+    draws, and leave each generator where the loop leaves it: generators already advanced, an odd vocabulary, and one
+    generator named twice (drawn in row order)."""
     from interq.rollout.sampling import exponential_race
-
-    if kernel and kernels.load() is None:
-        pytest.skip(f"interq's CPU kernels: {kernels.status()['reason']}")
 
     def gens():
         out = [torch.Generator().manual_seed(s) for s in range(7)]
@@ -398,7 +393,6 @@ def test_exponential_race_equals_the_serial_loop(inference, kernel):
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    kernels.set_enabled(kernel)
     try:
         mine, ref_gens = gens(), gens()
         with torch.inference_mode(inference):
@@ -409,61 +403,7 @@ def test_exponential_race_equals_the_serial_loop(inference, kernel):
         for a, b in zip(mine, ref_gens):
             assert torch.equal(torch.rand(9, generator=a), torch.rand(9, generator=b))
     finally:
-        kernels.set_enabled(True)
         torch.set_num_threads(threads)
-
-
-def _kernels_or_skip():
-    """interq's compiled CPU kernels, or skip the test where they do not build."""
-    from interq.quant import kernels
-
-    mod = kernels.load()
-    if mod is None:
-        pytest.skip(f"interq's CPU kernels: {kernels.status()['reason']}")
-    return mod
-
-
-@pytest.mark.parametrize("vocab", [1, 311, 312, 313, 1000, 49_152])
-def test_uniform_rows_equal_torch_across_many_twists(vocab):
-    """``uniform_f64_rows`` (the engine's outputs tempered and twisted in blocks) writes what ``uniform_`` writes and
-    leaves each generator's state (the 624 words and the counters) as ``uniform_`` does, from states at different
-    offsets in their 624-word cycle, over several calls."""
-    mod = _kernels_or_skip()
-
-    def gens():
-        out = [torch.Generator().manual_seed(100 + i) for i in range(4)]
-        for i, g in enumerate(out):
-            torch.rand(i * 37 + 1, generator=g)  # one 32-bit output per float: every offset parity
-        return out
-
-    mine, ref_gens = gens(), gens()
-    for _ in range(3):
-        got = torch.empty(4, vocab, dtype=torch.float64)
-        mod.uniform_f64_rows(got, mine)
-        ref = torch.stack([torch.empty(vocab, dtype=torch.float64).uniform_(generator=g) for g in ref_gens])
-        assert torch.equal(got, ref)
-        assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(mine, ref_gens))
-
-
-@pytest.mark.parametrize("vocab", [1, 2, 17, 31, 32, 33, 100, 49_152])
-def test_race_argmax_is_div_then_argmax(vocab):
-    """The sampler's ``race_argmax`` kernel = ``probs.div(race).argmax(-1)``: the first index of the largest
-    quotient, ties to the first, a NaN quotient (a NaN probability, 0 / 0) the largest, the first NaN winning."""
-    mod = _kernels_or_skip()
-    g = torch.Generator().manual_seed(vocab)
-    for case in range(6):
-        p, e = torch.rand(5, vocab, generator=g), torch.rand(5, vocab, generator=g) + 1e-3
-        if case == 1:
-            p[:, ::7], e[:, ::7] = 0.5, 1.0  # many equal quotients
-        elif case == 2:
-            p, e = p.round(decimals=1), torch.ones_like(e)  # ties everywhere
-        elif case == 3:
-            p[1, vocab // 2], p[2, -1], p[3, 0] = float("nan"), float("nan"), float("nan")
-        elif case == 4:
-            p[0], p[4, vocab // 3 :] = 0.0, float("nan")
-        elif case == 5:
-            p[1, 3 % vocab], e[1, 3 % vocab] = 0.0, 0.0  # 0 / 0
-        assert torch.equal(mod.race_argmax(p, e), p.div(e).argmax(-1)), case
 
 
 def test_exponential_race_is_exp1():

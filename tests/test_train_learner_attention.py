@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from interq.quant import kernels
+from interq import kernels
 from interq.quant.testing import tiny_causal_lm
 from interq.rollout import sequence_logprobs
 from interq.train.config import LEARNER_ATTENTIONS, ConfigError, build_config, resolve_learner_attention

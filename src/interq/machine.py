@@ -117,7 +117,7 @@ def cpu_capability() -> dict:
 def machine_info(device: str | torch.device | None = None) -> dict:
     """Everything a benchmark's RESULT line records about where it ran (call at the start; add
     ``load_avg_end`` at the end). ``device``: where the measured work ran (for the int8 backend and GPU name)."""
-    from interq.quant import kernels  # local: keeps this module light to import
+    from interq import kernels  # local: keeps this module light to import
     from interq.quant.linear import resolve_int8_backend
 
     dev = torch.device(device) if device is not None else torch.device("cpu")

@@ -11,7 +11,7 @@ variable                    values                                        what i
 ``INTERQ_ALLOCATOR``        ``auto`` (default), ``jemalloc``, ``system``  the memory allocator of a long command
                                                                           (:mod:`interq.allocator`)
 ``INTERQ_CPU_KERNELS``      on: ``1`` (default) ``on`` ``true`` ``yes``;   interq's compiled CPU kernels
-                            off: ``0`` ``off`` ``false`` ``no``            (:mod:`interq.quant.kernels`)
+                            off: ``0`` ``off`` ``false`` ``no``            (:mod:`interq.kernels`)
 ``INTERQ_FAST_LAYERS``      as ``INTERQ_CPU_KERNELS`` (default on)        the rollout's lean decoder-layer forward
 ``INTERQ_FLASH_DECODE``     as ``INTERQ_CPU_KERNELS`` (default on)        the one-call flash decode attention
 ``INTERQ_KERNELS_DIR``      a directory path (default                     where the CPU kernels are built; one

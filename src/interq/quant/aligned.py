@@ -38,7 +38,7 @@ from torch import nn
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from interq.quant import kernels
+from interq import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig, int_qmax
 from interq.quant.executor import fused_group, quantized_targets

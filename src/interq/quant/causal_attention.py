@@ -6,7 +6,7 @@ The learner's rows are right-padded and attend causally without a mask (NUMERICS
 of its forward is one causal problem per row and head, fp32: transformers' ``sdpa`` hands it to torch's CPU flash
 kernel, whose forward and backward ran at about 60-65 GFLOP/s on one Zen 5 core, a third of the learner's time
 on SmolLM2 rows of 1,760 tokens. ``causal_attention_fwd`` /
-``causal_attention_bwd`` (``interq.quant.kernels``) compute the same function with FlashAttention-2's blocking and
+``causal_attention_bwd`` (``interq.kernels``) compute the same function with FlashAttention-2's blocking and
 register-tiled block products: an fp32 computation of its own, to rounding, not the same bits as torch's kernel.
 
 A call goes to the kernel when it is a causal self-attention without a mask in fp32 on the CPU (no dropout,
@@ -50,7 +50,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def require_kernels():
-    from interq.quant import kernels
+    from interq import kernels
 
     mod = kernels.load()
     if mod is None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from interq._hf import cache_kwarg, with_cache
-from interq.quant import kernels
+from interq import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig
 from interq.quant.kv_cache import make_kv_cache

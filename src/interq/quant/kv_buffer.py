@@ -58,27 +58,6 @@ def append_columns(cur: torch.Tensor | None, new: torch.Tensor, buffers: dict[st
     return buf.narrow(-2, 0, end)
 
 
-def append_pair(buffers: dict[str, torch.Tensor], keys: torch.Tensor | None, values: torch.Tensor | None,
-                new_keys: torch.Tensor, new_values: torch.Tensor, fake_quant: tuple[int, bool, float] | None = None):
-    """(keys, values) with the new columns appended in place, by one call of interq's ``kv_append`` kernel: the values
-    of :func:`append_columns` on each (``fake_quant`` = (qmax, trunc, min_scale): of ``fake_quant_kv_int8`` on the new
-    columns first). None where the kernel does not apply (not loaded, not the in-place case: the buffers must grow,
-    another device or dtype, autograd): the caller takes :func:`append_columns`."""
-    if keys is None or values is None:
-        return None
-    kb, vb = buffers.get("keys"), buffers.get("values")
-    if kb is None or vb is None:
-        return None
-    from interq.quant import kernels
-
-    mod = kernels.get()
-    if mod is None or not hasattr(mod, "kv_append"):
-        return None
-    q = fake_quant if fake_quant is not None else (127, False, 0.0)
-    views = mod.kv_append([kb, vb], [keys, values], [new_keys, new_values], fake_quant is not None, q[0], q[1], q[2])
-    return (views[0], views[1]) if views else None
-
-
 class GrowingLayer(DynamicLayer):
     """``DynamicLayer`` whose ``update`` appends in place (:func:`append_columns`): the same keys and values."""
 
@@ -89,10 +68,6 @@ class GrowingLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        pair = append_pair(self.buffers, self.keys, self.values, key_states, value_states)  # a decode step: one call
-        if pair is not None:
-            self.keys, self.values = pair
-            return pair
         self.keys = append_columns(self.keys, key_states, self.buffers, "keys")  # [B, H, T, D]
         self.values = append_columns(self.values, value_states, self.buffers, "values")
         return self.keys, self.values

@@ -30,24 +30,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from interq.quant import kernels
 from interq.quant import primitives as P
-from interq.quant.config import QuantConfig, int_qmax
-from interq.quant.kv_buffer import append_columns, append_pair, growing_dynamic_cache
-
-
-def _dequant(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``P.dequant_kv`` (the whole cache, on every read), in one pass through the fused CPU kernel where it applies."""
-    k = kernels.get()
-    if (k is not None and q.dtype == torch.int8 and s.dim() == q.dim() and not q.is_cuda
-            and dtype in (torch.float32, torch.bfloat16, torch.float16)):
-        return k.dequant_kv_int8(q, s, dtype)
-    return P.dequant_kv(q, s, dtype)
-
-
-def _kernel_kv_args(qcfg: QuantConfig) -> tuple[int, bool, float]:
-    """The int8 KV kernels' (qmax, trunc, min_scale) arguments for ``qcfg`` (``int8_per_token_head``)."""
-    return int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round", P.KV_MIN_SCALE
+from interq.quant.config import QuantConfig
+from interq.quant.kv_buffer import append_columns, growing_dynamic_cache
 
 
 class QuantKVLayer(DynamicLayer):
@@ -103,12 +88,6 @@ class QuantKVLayer(DynamicLayer):
         """(kq, ks, vq, vs): K and V quantized by ``quant_kv``; when they have the same shape and dtype, as one
         tensor [B, 2H, T, D] (per-token-head and per-layer scales act row by row or element by element, so the
         codes and scales are those of two separate calls, with half the ops)."""
-        k = kernels.get()
-        if (k is not None and qcfg.kv_format == "int8_per_token_head" and not key_states.is_cuda
-                and {key_states.dtype, value_states.dtype} <= {torch.float32, torch.bfloat16, torch.float16}):
-            # the fused CPU kernel, once per tensor: the same codes and scales in 2 ops instead of ~16
-            args = _kernel_kv_args(qcfg)
-            return (*k.quant_kv_int8(key_states.detach(), *args), *k.quant_kv_int8(value_states.detach(), *args))
         if key_states.shape != value_states.shape or key_states.dtype != value_states.dtype:
             return (*P.quant_kv(key_states, qcfg), *P.quant_kv(value_states, qcfg))
         h = key_states.shape[1]
@@ -119,11 +98,7 @@ class QuantKVLayer(DynamicLayer):
 
     @staticmethod
     def _roundtrip(t: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
-        """dequant(quant(t)) in t's dtype [B, H, T, D]: the fused CPU kernel for int8 (one op), else eager."""
-        k = kernels.get()
-        if (k is not None and qcfg.kv_format == "int8_per_token_head" and not t.is_cuda
-                and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.numel()):
-            return k.fake_quant_kv_int8(t.detach(), *_kernel_kv_args(qcfg))[0]
+        """dequant(quant(t)) in t's dtype [B, H, T, D]."""
         return P.fake_quant_kv(t, qcfg)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -132,14 +107,6 @@ class QuantKVLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         put = self._append
         if not self.codes:  # only the dequantized values are kept
-            qcfg = self.qcfg
-            if qcfg.kv_format == "int8_per_token_head" and key_states.dtype == value_states.dtype:
-                # a decode step into spare columns: _roundtrip's kernel and both appends in one call (same values)
-                pair = append_pair(self.buffers, self.keys, self.values, key_states.detach(), value_states.detach(),
-                                   _kernel_kv_args(qcfg))
-                if pair is not None:
-                    self.keys, self.values = pair
-                    return pair
             self.keys = put("keys", self._roundtrip(key_states, self.qcfg))  # [B, H, T, D]
             self.values = put("values", self._roundtrip(value_states, self.qcfg))
             return self.keys, self.values
@@ -153,10 +120,10 @@ class QuantKVLayer(DynamicLayer):
             self.key_scales, self.value_scales = ks, vs
         kdt, vdt = key_states.dtype, value_states.dtype
         if self.keep_dequantized:  # only the new tokens are dequantized
-            self.keys_dequantized = put("keys_dequantized", _dequant(kq, ks, kdt))
-            self.values_dequantized = put("values_dequantized", _dequant(vq, vs, vdt))
+            self.keys_dequantized = put("keys_dequantized", P.dequant_kv(kq, ks, kdt))
+            self.values_dequantized = put("values_dequantized", P.dequant_kv(vq, vs, vdt))
             return self.keys_dequantized, self.values_dequantized
-        return _dequant(self.keys, self.key_scales, kdt), _dequant(self.values, self.value_scales, vdt)
+        return P.dequant_kv(self.keys, self.key_scales, kdt), P.dequant_kv(self.values, self.value_scales, vdt)
 
     def _append(self, name: str, new: torch.Tensor) -> torch.Tensor:
         """The attribute ``name`` with ``new`` appended along dim -2, in place in spare capacity (``kv_buffer``)."""

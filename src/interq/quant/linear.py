@@ -7,7 +7,7 @@
   the ``fp32_exact`` backend (an fp32 GEMM of the integer codes in K-chunks of 1024, exact by a bound,
   bit-identical): on CPUs without VNNI (this project's AVX2 dev machine) ``_int_mm`` runs a slow
   reference path and this is several times faster. On CPUs with AVX512-VNNI the ``vnni`` backend computes it for
-  few rows (decode, M <= ``VNNI_MAX_M``) with :mod:`interq.quant.kernels`' ``int8_gemm_vnni`` from a copy of the
+  few rows (decode, M <= ``VNNI_MAX_M``) with :mod:`interq.kernels`' ``int8_gemm_vnni`` from a copy of the
   weights packed for ``vpdpbusd``, and with ``_int_mm`` above. On CPUs with AMX-INT8 (Intel Sapphire Rapids and
   later) the ``amx`` backend computes it for any number of rows from the same packed weights with AMX tiles
   (``int8_gemm_amx``: about 1.2-1.7 TOPS on one core from 64 rows up, against 0.3-0.65 for the VNNI kernel and
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from interq.quant import kernels
+from interq import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig, int_qmax
 
@@ -224,7 +224,7 @@ def epilogue_fp32(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias:
 
 def quant_act_int8(x2: torch.Tensor, rounding: str, a_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`primitives.quant_act_int8_token` through the fused CPU kernel where it is loaded (the same values,
-    one op instead of ~10: :mod:`interq.quant.kernels`), else the eager primitive. x2 [M, K] -> int8, fp32 [M, 1]."""
+    one op instead of ~10: :mod:`interq.kernels`), else the eager primitive. x2 [M, K] -> int8, fp32 [M, 1]."""
     k = kernels.get()
     if k is not None and rounding == "half_even" and not x2.is_cuda and not x2.requires_grad and x2.dim() == 2:
         return tuple(k.quant_act_int8(x2, int_qmax(a_bits)))
@@ -234,7 +234,7 @@ def quant_act_int8(x2: torch.Tensor, rounding: str, a_bits: int) -> tuple[torch.
 def epilogue_split(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
                    sizes: tuple[int, ...], out_dtype: torch.dtype) -> list[torch.Tensor]:
     """:func:`epilogue` of the first ``sum(sizes)`` columns, returned as one contiguous [M, n_i] tensor per member
-    (a fused group's outputs); one kernel call where :mod:`interq.quant.kernels` is loaded (no bias), same values."""
+    (a fused group's outputs); one kernel call where :mod:`interq.kernels` is loaded (no bias), same values."""
     k = kernels.get()
     if (k is not None and bias is None and not acc.is_cuda and acc.dtype == torch.int32
             and out_dtype in (torch.float32, torch.bfloat16, torch.float16)):

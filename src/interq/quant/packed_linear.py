@@ -16,14 +16,14 @@ product gives ``F.linear``'s bits (below), and by ``F.linear`` otherwise; above 
 packed product was 1.08x faster per decoder layer, at 2,048 0.90x, ``results/benchmarks/xeon-amx/2026-12-03-packed-bf16-multiturn/
 packed_prefill_speed.log``) and for anything else (not bf16, not CPU, not contiguous, autograd) it calls ``F.linear``.
 
-- **interq's AMX-BF16 kernel** (``bf16_linear_amx`` in :mod:`interq.quant.kernels`; CPUs with AMX-BF16, where the
+- **interq's AMX-BF16 kernel** (``bf16_linear_amx`` in :mod:`interq.kernels`; CPUs with AMX-BF16, where the
   kernels build): the weight in AMX tile layout (:func:`pack_bf16_amx`), fp32 tile accumulators over k in chunks
   of 32, in K blocks of a chosen size, rounded once to bf16. oneDNN's AMX kernels sum in this order, splitting K
   into blocks by the shape and the row count (288 of SmolLM2's 576, 384 of its 1,536, from 64 rows up at two
   threads), so a K blocking that reproduces ``F.linear``'s bits exists for most cases. At decode sizes it is 2.3-5x
   oneDNN's packed product per call, whose fixed cost dominates small GEMMs (SmolLM2-135M's linears at 16 rows,
   2 threads: 17.7 -> 8.0 ms per step, ``results/benchmarks/xeon-amx/2026-12-03-amx-bf16-fused-norms/``). :func:`use_amx_product` turns it off.
-- **interq's AVX2 product** (``bf16_linear_avx2`` in :mod:`interq.quant.kernels`; CPUs without native bf16, where
+- **interq's AVX2 product** (``bf16_linear_avx2`` in :mod:`interq.kernels`; CPUs without native bf16, where
   the kernels build with AVX2 and FMA): there torch multiplies bf16 by its own reference kernel, one dot product per
   output with fp32 arithmetic in a fixed order (8 accumulators of 8 lanes over blocks of 64 k, a fixed tree, the tail
   after it). The kernel computes the same sums for 16 columns at once from the weight packed in the order it reads
@@ -87,7 +87,7 @@ def _native_bf16() -> bool:
 def avx2_available() -> tuple[bool, str]:
     """Whether interq's AVX2 bf16 product can run here, and why not: interq's CPU kernels built with AVX2 and FMA,
     on a CPU whose bf16 GEMMs are torch's reference kernel (no native bf16: elsewhere oneDNN's sums are others)."""
-    from interq.quant import kernels
+    from interq import kernels
 
     if _native_bf16():
         return False, "this CPU has native bf16: torch's bf16 GEMMs are oneDNN's"
@@ -128,7 +128,7 @@ def _probe(rows: int, k: int, n: int, bias: bool) -> tuple[torch.Tensor, torch.T
 def amx_available() -> tuple[bool, str]:
     """Whether the AMX-BF16 product can run here (interq's CPU kernels built for a CPU with AMX-BF16, on a Linux
     kernel that lets the process use the tiles), and why not."""
-    from interq.quant import kernels
+    from interq import kernels
 
     return kernels.offers("has_bf16_gemm_amx", "no AMX-BF16 here (the kernels were built without it, or the Linux "
                                                "kernel refused the tiles)")
@@ -154,7 +154,7 @@ def _avx2_on() -> bool:
 def _product_on(state: dict, available) -> bool:
     """``state``'s switch and whether its product can run here: ``available()`` is asked once, while interq's kernels
     are on (an answer got while they were turned off would keep the product off after they are turned on again)."""
-    from interq.quant import kernels
+    from interq import kernels
 
     if not state["enabled"] or kernels.get() is None:
         return False
@@ -166,7 +166,7 @@ def _product_on(state: dict, available) -> bool:
 def pack_bf16_avx2(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] bf16 -> the AVX2 product's layout [ceil(N / 16), K, 16]: per block of 16 columns, each k's 16 weights
     side by side, k in the order the kernel adds them (``bf16_avx2_k_order``; columns past N are zeros)."""
-    from interq.quant import kernels
+    from interq import kernels
 
     n, k = weight.shape
     order = kernels.get().bf16_avx2_k_order(k)
@@ -175,7 +175,7 @@ def pack_bf16_avx2(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _avx2_product(x2: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    from interq.quant import kernels
+    from interq import kernels
 
     return kernels.get().bf16_linear_avx2(x2, packed, n, bias)  # [M, N]
 
@@ -194,7 +194,7 @@ def pack_bf16_amx(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _amx_product(x2: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, kb: int) -> torch.Tensor:
-    from interq.quant import kernels
+    from interq import kernels
 
     return kernels.get().bf16_linear_amx(x2, packed, n, bias, kb)  # [M, N]
 

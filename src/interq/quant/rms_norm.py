@@ -4,7 +4,7 @@ transformers' Llama / Qwen / Mistral ``RMSNorm`` runs eight eager ops per call (
 ``add``, ``rsqrt``, ``mul``, ``to(bf16)``, then the weight's ``mul``): a SmolLM2-135M decode step calls 61 of them,
 about 8% of a multi-turn rollout on a 2-core Xeon (``results/benchmarks/xeon-amx/2026-12-03-amx-bf16-fused-norms/``). :class:`FusedRMSNorm` replaces
 such a module in an executor (:func:`interq.quant.make_executor`, ``fuse_norms``) and computes the same values bit
-for bit with ``rms_norm_bf16`` of :mod:`interq.quant.kernels`: every step is one IEEE operation per element, and the
+for bit with ``rms_norm_bf16`` of :mod:`interq.kernels`: every step is one IEEE operation per element, and the
 row's sum of squares is added in torch's own order (its CPU sum kernel: vectors of 8 floats in four running
 accumulators, the cascade it uses for long rows, the scalar tail, then the lanes; ``torch_row_sums`` reproduces it
 for every row length, tested).
@@ -30,7 +30,7 @@ MAX_WIDTH = 32768  # torch's reduction grain: a single row this long may be summ
 
 
 def _kernels():
-    from interq.quant import kernels
+    from interq import kernels
 
     return kernels.get()
 
@@ -39,7 +39,7 @@ def sum_lanes() -> int | None:
     """The width of torch's float vectors in its CPU sum here (8 or 16), found once per process on rows whose sum
     depends on the order (wide magnitudes; lengths from 1 to 5,000, so that the scalar path, the tails and the cascade
     all show); None where the kernels are not loaded or neither width reproduces ``Tensor.sum``."""
-    from interq.quant import kernels
+    from interq import kernels
 
     mod = kernels.load()  # built once per machine (scripts/setup.sh does it ahead)
     if mod is None:

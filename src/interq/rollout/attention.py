@@ -24,19 +24,6 @@ shape and thread count on a probe when first used, :func:`flash_decode_matches`;
 after :func:`use_flash_decode` ``(False)``): torch runs each (row, KV head) of a decode as blocks of 512 keys through
 two oneDNN GEMM calls each, whose fixed cost dominates at a rollout's sizes (1.3-2.2x per layer call at SmolLM2's
 shapes, 48-2,000 cached tokens, on an Intel Xeon with AMX on 2026-12-03).
-
-``packed_kernel`` (opt-in) is ``sdpa_packed`` with the attention computed by interq's CPU kernels
-(``interq.quant.kernels``). A single-token decode by ``decode_attention``: each cached K and V row read once for the
-query heads of its KV head, scores, softmax and the weighted sum of values in fp32. Torch's flash kernel runs these
-one-token problems as small blocks through GEMM calls: at SmolLM2's shapes (16 rows, 1 thread) the kernel takes
-0.19 / 0.79 / 1.70 ms per layer against 0.47 / 2.03 / 5.43 at 256 / 1,024 / 2,048 cached tokens, with the error of
-an fp32 computation against float64 (flash's or less; an AMD EPYC Zen 5 on 2026-12-02). A masked prefill
-(several new tokens over the cache) by ``masked_attention``: the blocking of the learner's causal kernel
-(:mod:`interq.quant.causal_attention`) on fp32 copies of the bf16 K/V, blocks the mask hides skipped, a query row
-with nothing to attend 0 (as torch's). Not the same bits as ``sdpa_packed`` (rounding), so not the default. Where a
-kernel cannot take a call (kernels not built or turned off, another device or dtype, a head size not a multiple of
-16, more than 16 query heads per KV head in decode, per-head masks, an unmasked prefill, soft-capping) it is
-``sdpa_packed``'s.
 """
 
 from __future__ import annotations
@@ -49,9 +36,8 @@ import torch.nn.functional as F
 from interq import switches
 
 NAME = "interq_sdpa_packed"
-KERNEL_NAME = "interq_packed_kernel"
-ATTENTION_CHOICES = ("sdpa", "sdpa_packed", "packed_kernel")
-NAMES = {"sdpa_packed": NAME, "packed_kernel": KERNEL_NAME}  # rollout.attention -> the registered name
+ATTENTION_CHOICES = ("sdpa", "sdpa_packed")
+NAMES = {"sdpa_packed": NAME}  # rollout.attention -> the registered name
 
 
 def _special(kwargs: dict, dropout) -> bool:
@@ -121,7 +107,7 @@ def flash_decode_matches(groups: int, d: int) -> bool:
     head size ``d`` at the current thread count: asked once per process on a probe (random bf16 problems of
     :data:`FLASH_PROBE_LENGTHS` cached tokens, with and without a padding mask), then remembered. False where the
     kernels or AMX-BF16 are missing, or the shape is outside the kernel's (G 2-16, D a multiple of 32 up to 256)."""
-    from interq.quant import kernels
+    from interq import kernels
 
     mod = kernels.get()
     if mod is None or not hasattr(mod, "flash_decode_amx") or not 2 <= groups <= 16 or d % 32 or d > 256:
@@ -177,73 +163,9 @@ def _flash_decode(q, key, value, mask, scaling):
 
 
 def _kernels_module():
-    from interq.quant import kernels
+    from interq import kernels
 
     return kernels.get()
-
-
-def _decode_kernel(query, key, value, attention_mask, groups: int, special: bool):
-    """The compiled kernels' module when its ``decode_attention`` can take this call, else None."""
-    from interq.quant import kernels
-
-    mod = kernels.get()
-    if mod is None or not hasattr(mod, "decode_attention") or special or query.shape[2] != 1:
-        return None
-    if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16):
-        return None
-    if not (query.dtype == key.dtype == value.dtype) or key.stride(-1) != 1 or value.stride(-1) != 1:
-        return None
-    d = query.shape[-1]
-    if d % 16 or d > 256 or value.shape[-1] != d or groups > 16:
-        return None
-    m = attention_mask
-    takes = m is None or (m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == 1 and m.shape[0] in (1, query.shape[0]))
-    return mod if takes else None
-
-
-def _prefill_kernel(query, key, value, attention_mask, special: bool):
-    """The compiled kernels' module when its ``masked_attention`` can take this call (several query tokens, a
-    mask shared by the heads), else None."""
-    from interq.quant import kernels
-
-    mod = kernels.get()
-    m = attention_mask
-    if mod is None or not hasattr(mod, "masked_attention") or special or query.shape[2] < 2 or m is None:
-        return None
-    if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16):
-        return None
-    if not (query.dtype == key.dtype == value.dtype) or any(t.stride(-1) != 1 for t in (query, key, value)):
-        return None
-    h, hkv, d = query.shape[1], key.shape[1], query.shape[-1]
-    if d % 16 or d > 256 or value.shape[-1] != d or h % hkv:
-        return None
-    takes = (m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == query.shape[2] and m.shape[3] == key.shape[2]
-             and m.shape[0] in (1, query.shape[0]) and (m.dtype == torch.bool or m.dtype == query.dtype))
-    return mod if takes else None
-
-
-def packed_kernel_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                            is_causal=None, **kwargs):
-    """``sdpa_packed_attention`` with the attention of a single query token, and of a masked prefill, by interq's
-    CPU kernels (see the module docstring): query [B, H, q, D], key/value [B, H_kv, K, D] -> ([B, q, H, D], None)."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    special = _special(kwargs, dropout)
-    if query.shape[2] > 1:
-        mod = _prefill_kernel(query, key, value, attention_mask, special)
-        if mod is None:
-            return sdpa_packed_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                         is_causal=is_causal, **kwargs)
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return mod.masked_attention(query, key, value, attention_mask, float(scale)), None  # [B, q, H, D]
-    mod = _decode_kernel(query, key, value, attention_mask, groups, special)
-    if mod is None:
-        return sdpa_packed_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                     is_causal=is_causal, **kwargs)
-    b, h, _, d = query.shape
-    scale = scaling if scaling is not None else d ** -0.5
-    q = query.reshape(b, h // groups, groups, d)  # [B, H_kv, G, D]
-    out = mod.decode_attention(q, key, value, attention_mask, float(scale))  # [B, H_kv, G, D]
-    return out.reshape(b, 1, h, d), None  # [B, 1, H, D]: the heads of a KV head are consecutive
 
 
 def register() -> None:
@@ -252,5 +174,3 @@ def register() -> None:
 
     AttentionInterface.register(NAME, sdpa_packed_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
-    AttentionInterface.register(KERNEL_NAME, packed_kernel_attention)
-    AttentionMaskInterface.register(KERNEL_NAME, sdpa_mask)

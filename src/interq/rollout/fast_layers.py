@@ -10,22 +10,13 @@ rotary embedding is ten eager ops (``q * cos + rotate_half(q) * sin`` for q and 
 :func:`install` gives each Llama, Qwen3, Qwen2 or Mistral decoder layer of a model (:data:`LAYER_CLASSES`: Llama's layer
 and MLP; Qwen3's attention also normalizes q and k per head, Qwen2's, Qwen3's and Mistral's pass a sliding window on)
 an instance ``forward`` that calls its submodules'
-``forward`` directly in transformers' order, runs a fused q|k|v (gate|up) group in one call, and the rotary
-embedding of bf16 CPU heads by interq's ``rope_bf16`` kernel (the eager ops' roundings: both products and their sum
-rounded to bf16; eager where an output is NaN). Every value is the eager layer's, bit for bit (tested: the engine's
-tokens and log-probs with and without it). A call takes transformers' own forward where the lean one could differ:
+``forward`` directly in transformers' order and runs a fused q|k|v (gate|up) group in one call. Every value is the
+eager layer's, bit for bit (tested: the engine's tokens and log-probs with and without it). A call takes transformers' own forward where the lean one could differ:
 in training mode, with gradients asked for, with forward hooks on any submodule (transformers records attentions and
 hidden states by hooks), or under argument names this code does not know. Other layer classes are left alone.
 
-Where every product of the layer is one of interq's AMX kernels (the W8A8 groups' ``int8_linear_amx``, the bf16
-executor's ``bf16_linear_amx`` without a bias), the norms are fused and the activation is SiLU, the two halves of the
-layer around its KV cache run as one kernel call each (``layer_attn_in``: norm, q|k|v, rotary embedding;
-``layer_attn_out``: o_proj, residual, norm, gate|up, SiLU * up, down, residual): the same kernels and torch ops in
-the same order, without the Python between them; every other case takes the calls one by one.
-
 :func:`set_rollout_attention` installs it on every rollout executor (with the attention function); ``use_fast_layers(False)`` (or
-``INTERQ_FAST_LAYERS=0``) makes every layer take transformers' forward again, ``use_fast_layers(True, fused=False)``
-keeps the lean forward without the one-call halves, for side-by-side timing.
+``INTERQ_FAST_LAYERS=0``) makes every layer take transformers' forward again, for side-by-side timing.
 """
 
 from __future__ import annotations
@@ -44,16 +35,13 @@ from interq.rollout import attention as A
 # attention differs from Llama's only in what _Plan reads: Qwen2 and Mistral pass a sliding window on to the attention
 # function (Qwen2's q|k|v have biases), Qwen3 also normalizes q and k per head before the rotary embedding
 LAYER_CLASSES = ("LlamaDecoderLayer", "Qwen3DecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
-_STATE = {"enabled": switches.flag("INTERQ_FAST_LAYERS"),  # refused unless accepted
-          "fused": True}
+_STATE = {"enabled": switches.flag("INTERQ_FAST_LAYERS")}  # refused unless accepted
 _KNOWN_KWARGS = frozenset({"cache_position"})  # other arguments the layer may take and passes on unchanged
 
 
-def use_fast_layers(enabled: bool, fused: bool = True) -> None:
-    """Turn the lean layer forward on or off for this process (on by default unless ``INTERQ_FAST_LAYERS=0``);
-    ``fused=False`` keeps it but without the kernels' one-call halves of a layer (each kernel called from Python, as
-    before them; for side-by-side timing)."""
-    _STATE["enabled"], _STATE["fused"] = bool(enabled), bool(fused)
+def use_fast_layers(enabled: bool) -> None:
+    """Turn the lean layer forward on or off for this process (on by default unless ``INTERQ_FAST_LAYERS=0``)."""
+    _STATE["enabled"] = bool(enabled)
 
 
 def _int8_call(module: nn.Module, sizes: list[int]):
@@ -62,7 +50,7 @@ def _int8_call(module: nn.Module, sizes: list[int]):
     :class:`FusedQuantLinear` group) whose forward would make that same call (:func:`interq.quant.linear.whole_linear`:
     its module-side conditions checked here once, its input-side ones per call); None for other modules. The
     kernel's name is the call's ``kernel`` attribute."""
-    from interq.quant import kernels
+    from interq import kernels
     from interq.quant.linear import whole_linear_kernel, whole_linear_takes
 
     mod = kernels.get()
@@ -90,7 +78,7 @@ def _bf16_call(module: nn.Module):
     """x [..., K] -> [[M, N]] (or None: the module's own forward is needed) by one call of the kernels' AMX-BF16 or
     AVX2 product, for a :class:`~interq.quant.packed_linear.PackedBf16Linear` whose forward would make that same call
     (:meth:`~interq.quant.packed_linear.PackedBf16Linear.product`); None for other modules."""
-    from interq.quant import kernels
+    from interq import kernels
     from interq.quant.packed_linear import PackedBf16Linear, _amx_product, _avx2_product
 
     mod = kernels.get()
@@ -152,7 +140,7 @@ def _project(mods: list[nn.Module]):
 
 def _norm(norm: nn.Module):
     """x -> the norm's output: the fused RMSNorm's kernel called directly where its forward would call it."""
-    from interq.quant import kernels
+    from interq import kernels
     from interq.quant.rms_norm import kernel_takes
 
     forward, mod, fused = norm.forward, kernels.get(), _fused_norm(norm)
@@ -170,58 +158,6 @@ def _norm(norm: nn.Module):
     return call
 
 
-class _Linears:
-    """One linear (or fused group) of a layer as the kernels' ``layer_attn_in`` / ``layer_attn_out`` take it:
-    ``spec(m, key)`` -> (kind, tensors, ints) for an input of m rows, or None where the module's own forward
-    would run another product (then the layer takes the step-by-step path). Kind 0 / 2: a W8A8 group whose forward
-    makes one ``int8_linear_amx`` / ``int8_linear_avx2`` call (:func:`_int8_call`'s conditions); kind 1 / 3:
-    :class:`PackedBf16Linear` modules without a bias whose product at m rows is interq's AMX-BF16 / AVX2 kernel
-    (``product_choice``, asked once per row count, thread count and product switches: ``key``, as their forward
-    asks it)."""
-
-    def __init__(self, mods: list[nn.Module], n_out: int):
-        from interq.quant.linear import FusedQuantLinear, QuantLinear
-        from interq.quant.packed_linear import PackedBf16Linear
-
-        self.kind, self.ints, self.mods, self.kbs = None, None, mods, {}
-        if any(_patched(m) for m in (*mods, getattr(mods[0], "group", None))):
-            return
-        group = _whole_group(mods)
-        int8 = group if len(mods) == n_out and type(group) is FusedQuantLinear else (
-            mods[0] if len(mods) == 1 == n_out and type(mods[0]) is QuantLinear else None)
-        call = None if int8 is None else _int8_call(int8, list(getattr(int8, "sizes", [int8.out_features])))
-        if call is not None:
-            self.kind, self.buffers = (0 if call.kernel == "int8_linear_amx" else 2), int8._buffers
-            self.ints = [_qmax(int8), *getattr(int8, "sizes", [int8.out_features])]
-        elif (len(mods) == n_out and all(type(m) is PackedBf16Linear and m.bias is None for m in mods)
-              and _bf16_call(mods[0]) is not None):
-            self.kind = 1  # or 3: whichever product the modules take at m rows (spec)
-
-    def spec(self, m: int, key: tuple):
-        if self.kind in (0, 2):
-            b = self.buffers
-            return self.kind, [b["weight_vnni"], b["weight_scale"]], self.ints
-        if self.kind is None or not any(key[2:]):  # no AMX or AVX2 product: the module's forward takes another
-            return None
-        if key[3]:  # the AVX2 product's choice is one for one row, one for more (product_choice)
-            key = (min(m, 2), *key[1:])
-        kbs = self.kbs.get(key)
-        if kbs is None:
-            from interq.quant.packed_linear import PACKED_MAX_M, product_choice
-
-            choices = [product_choice(mod.in_features, mod.out_features, False, m)
-                       if 0 < m and (m <= PACKED_MAX_M or key[3]) else ("linear", 0) for mod in self.mods]
-            products = {c for c, _ in choices}
-            kbs = self.kbs[key] = ((products.pop(), [kb for _, kb in choices])
-                                   if len(products) == 1 and products <= {"amx", "avx2"} else ())
-        if not kbs:
-            return None
-        product, blocks = kbs
-        weights = [mod.amx_weight() if product == "amx" else mod.avx2_weight() for mod in self.mods]
-        return (1 if product == "amx" else 3), weights, [v for mod, kb in zip(self.mods, blocks)
-                                                         for v in (mod.out_features, kb)]
-
-
 def _qmax(module: nn.Module) -> int:
     from interq.quant.config import int_qmax
 
@@ -236,98 +172,6 @@ def _fused_norm(norm: nn.Module):
             or _patched(norm)):
         return None
     return norm._parameters, float(norm.variance_epsilon), norm.lanes
-
-
-def _plain_silu(act) -> bool:
-    """Whether ``act`` is transformers' or torch's SiLU module, unchanged (``F.silu`` of its input, not in place)."""
-    from transformers.activations import SiLUActivation
-
-    if type(act) is SiLUActivation:
-        return type(act).forward is SiLUActivation.__dict__.get("forward") and not _patched(act)
-    return type(act) is nn.SiLU and not act.inplace and not _patched(act)
-
-
-class _Fused:
-    """What the kernels' one-call halves of a layer need (:func:`_lean_forward`), or None from :func:`_fused`."""
-
-    def __init__(self, mod, norms, linears, qk_norms):
-        self.mod, (self.norm1, self.norm2) = mod, norms
-        self.qkv, self.o, self.gate_up, self.down = linears
-        self.qk_norms = qk_norms  # (q_norm, k_norm) of a Qwen3 attention (as _fused_norm gives them) or None
-
-    def qk_args(self) -> tuple:
-        """layer_attn_in's q / k norm arguments: (weight or None, eps, lanes) for q, then for k."""
-        if self.qk_norms is None:
-            return None, 0.0, 8, None, 0.0, 8
-        (qp, qe, ql), (kp, ke, kl) = self.qk_norms
-        return qp["weight"], qe, ql, kp["weight"], ke, kl
-
-    def specs(self, m: int):
-        """The four linears' specs for m rows at the current thread count, or None (the step-by-step path)."""
-        from interq.quant.packed_linear import _amx_on, _avx2_on
-
-        key = (m, torch.get_num_threads(), _amx_on(), _avx2_on())
-        specs = [lin.spec(m, key) for lin in (self.qkv, self.o, self.gate_up, self.down)]
-        return None if any(sp is None for sp in specs) else specs
-
-
-def _fused(layer: nn.Module, kernels_module) -> _Fused | None:
-    if kernels_module is None or not hasattr(kernels_module, "layer_attn_out"):
-        return None
-    attn, mlp = layer.self_attn, layer.mlp
-    norms = _fused_norm(layer.input_layernorm), _fused_norm(layer.post_attention_layernorm)
-    linears = (_Linears([attn.q_proj, attn.k_proj, attn.v_proj], 3), _Linears([attn.o_proj], 1),
-               _Linears([mlp.gate_proj, mlp.up_proj], 2), _Linears([mlp.down_proj], 1))
-    qk_norms = None
-    if attn._modules.get("q_norm") is not None:
-        qk_norms = _fused_norm(attn.q_norm), _fused_norm(attn.k_norm)
-        if None in qk_norms:
-            return None
-    if None in norms or any(lin.kind is None for lin in linears) or not _plain_silu(mlp.act_fn):
-        return None
-    return _Fused(kernels_module, norms, linears, qk_norms)
-
-
-_POSITIONS: list = [(None, None, None, False)]  # the last (cos, sin, shape) asked of _rope_takes and its answer,
-# one tuple replaced whole (a reader never sees one call's tensors with another's answer)
-
-
-def _rope_takes(cos: torch.Tensor, sin: torch.Tensor, b: int, s: int, d: int) -> bool:
-    """Whether ``rope_bf16`` takes these position embeddings for bf16 q / k heads [b, s, *, d] (:func:`_rope`'s and
-    the one-call first half's conditions on cos and sin; every layer of a forward asks of the same tensors: the
-    answer is kept)."""
-    last = _POSITIONS[0]
-    if last[0] is cos and last[1] is sin and last[2] == (b, s, d):
-        return last[3]
-    ok = (cos.device.type == "cpu" and cos.dtype == sin.dtype == torch.bfloat16 and cos.dim() == 3
-          and cos.shape == sin.shape and cos.is_contiguous() and sin.is_contiguous() and cos.shape[0] in (1, b)
-          and cos.shape[1:] == (s, d) and d % 2 == 0)
-    _POSITIONS[0] = (cos, sin, (b, s, d), ok)
-    return ok
-
-
-def _rope_layout(qo: torch.Tensor, ko: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rope_bf16``'s outputs [B, S, N, D] -> [B, N, S, D] with the layout of the eager function's result."""
-    if qo.shape[1] == 1:  # one token: torch's result is contiguous [B, H, 1, D] (the same memory)
-        return (qo.view(qo.shape[0], qo.shape[2], 1, qo.shape[3]),
-                ko.view(ko.shape[0], ko.shape[2], 1, ko.shape[3]))
-    return qo.transpose(1, 2), ko.transpose(1, 2)  # several tokens: [B, S, H, D] memory, as torch's
-
-
-def _rope(eager, q, k, cos, sin):
-    """``eager(q, k, cos, sin)`` (transformers' ``apply_rotary_pos_emb``) of q [B, S, H, D] and k [B, S, Hkv, D]
-    heads (contiguous) -> ([B, H, S, D], [B, Hkv, S, D]) with the eager result's values and layout."""
-    from interq.quant import kernels
-
-    mod = kernels.get()
-    if (mod is not None and hasattr(mod, "rope_bf16") and q.device.type == "cpu"
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
-            and q.dtype == k.dtype == torch.bfloat16 and q.is_contiguous() and k.is_contiguous()
-            and _rope_takes(cos, sin, q.shape[0], q.shape[1], q.shape[3])):
-        qo, ko, nan = mod.rope_bf16(q, k, cos, sin)
-        if not nan:
-            return _rope_layout(qo, ko)
-    return eager(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
 
 
 def _hooked(mods: tuple[nn.Module, ...]) -> bool:
@@ -367,26 +211,23 @@ def _kernel_func_name(fn) -> str | None:
     return getattr(fn, "__name__", None) or getattr(fn, "kernel_layer_name", None)
 
 
-def _rope_function(attn: nn.Module, modeling) -> tuple:
-    """-> (what ``LlamaAttention.forward`` calls for the rotary embedding, whether that is transformers' own
-    ``apply_rotary_pos_emb`` unchanged, so that interq's kernel may stand in for it), or None where the attention
-    routes other functions than this one (the lean forward does not reproduce it).
+def _rope_function(attn: nn.Module, modeling):
+    """What ``LlamaAttention.forward`` calls for the rotary embedding, or None where the attention routes other
+    functions than this one (the lean forward does not reproduce it).
 
     Where Hugging Face's ``kernels`` package is installed (transformers 5.25 requires it), the modeling module's
     ``apply_rotary_pos_emb`` is a function module wrapping transformers' function, and the attention class's forward
     (``use_kernelized_func``) routes each call to the attention's own copy in ``_kernel_funcs``, to which
     ``kernels.kernelize`` may give a hub kernel's forward (an instance ``forward``). The lean forward calls that copy,
-    as the routing would; the kernel stands in only while the copy has no forward of its own (checked per call)."""
+    as the routing would."""
     fn = modeling.apply_rotary_pos_emb
     funcs = attn.__dict__.get("_kernel_funcs", _NO_FUNCS)
-    if _is_transformers(fn, modeling, "apply_rotary_pos_emb"):
-        return (fn, True) if not funcs else None
+    if not funcs:
+        return fn
     own = funcs.get(_kernel_func_name(fn)) if isinstance(fn, nn.Module) else None
     if own is None or type(own) is not type(fn) or len(funcs) != 1:
-        return (fn, False) if not funcs else None
-    cells = getattr(type(fn).forward, "__closure__", None) or ()
-    wrapped = [c.cell_contents for c in cells if callable(c.cell_contents) and not isinstance(c.cell_contents, type)]
-    return own, any(_is_transformers(w, modeling, "apply_rotary_pos_emb") for w in wrapped)
+        return None
+    return own
 
 
 class _Plan:
@@ -414,16 +255,12 @@ class _Plan:
                        if family == "Mistral" else dict)
         self.act = mlp.act_fn.forward if isinstance(mlp.act_fn, nn.Module) else mlp.act_fn
         modeling = sys.modules[type(attn).__module__]
-        # interq's rope kernel only in place of transformers' own function (not of a patched one); None: the
-        # attention routes functions this code does not reproduce (since install): every call hands over
+        # None: the attention routes functions this code does not reproduce (since install): every call hands over
         rope = _rope_function(attn, modeling)
         self.handover = rope is None
-        self.rope_eager, self.rope_kernel = rope or (modeling.apply_rotary_pos_emb, False)
-        # a function module (kernels package): whether kernelize gave it a forward of its own, looked up per call
-        self.rope_state = self.rope_eager.__dict__ if isinstance(self.rope_eager, nn.Module) else _NO_FUNCS
+        self.rope = rope or modeling.apply_rotary_pos_emb
         self.eager_attention = modeling.eager_attention_forward
         self.attention_functions = ALL_ATTENTION_FUNCTIONS
-        self.fused = _fused(layer, kernels_module)
         self.mods = tuple(m for m in layer.modules() if m is not layer) + tuple(
             m for m in attn.__dict__.get("_kernel_funcs", _NO_FUNCS).values() if isinstance(m, nn.Module))
 
@@ -432,7 +269,7 @@ _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _plan(layer: nn.Module) -> _Plan:
-    from interq.quant import kernels
+    from interq import kernels
 
     plan = _PLANS.get(layer)
     parts, mod = _parts(layer), kernels.get()
@@ -459,30 +296,14 @@ def _lean_forward(layer, *args, **kwargs):
             or _hooked(plan.mods)):
         return type(layer).forward(layer, *args, **kwargs)
     attention_mask, cache = kwargs.get("attention_mask"), kwargs.get("cache")
-    attn, fused = plan.attn, plan.fused
+    attn = plan.attn
     b, s = hidden_states.shape[:2]
     d = attn.head_dim
-    rope_kernel = plan.rope_kernel and "forward" not in plan.rope_state
-    # the kernels' one-call halves (the same kernels and ops, no Python between them) for bf16 CPU rows, no autograd
-    specs = (fused.specs(b * s) if fused is not None and _STATE["fused"] and not torch.is_grad_enabled()
-             and hidden_states.dtype == torch.bfloat16 and hidden_states.device.type == "cpu"
-             and hidden_states.is_contiguous() and hidden_states.dim() == 3 else None)
-    qkv = None
-    if specs is not None and rope_kernel and _rope_takes(*position_embeddings, b, s, d):
-        (w1, eps1, lanes1) = fused.norm1
-        qkv = fused.mod.layer_attn_in(hidden_states, w1["weight"], eps1, lanes1, *specs[0], *fused.qk_args(),
-                                      *position_embeddings, d)
-    if qkv:  # [B, S, H, D], [B, S, Hkv, D] (rotated), [B * S, Hkv * D]
-        (q, k), v = _rope_layout(qkv[0], qkv[1]), qkv[2]
-    else:
-        q, k, v = plan.qkv(plan.norm1(hidden_states))  # [B, S, H * D], [B, S, Hkv * D] x 2
-        q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
-        if plan.qk_norm is not None:
-            q, k = plan.qk_norm[0](q), plan.qk_norm[1](k)
-        if rope_kernel:
-            q, k = _rope(plan.rope_eager, q, k, *position_embeddings)
-        else:
-            q, k = plan.rope_eager(q.transpose(1, 2), k.transpose(1, 2), *position_embeddings)
+    q, k, v = plan.qkv(plan.norm1(hidden_states))  # [B, S, H * D], [B, S, Hkv * D] x 2
+    q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
+    if plan.qk_norm is not None:
+        q, k = plan.qk_norm[0](q), plan.qk_norm[1](k)
+    q, k = plan.rope(q.transpose(1, 2), k.transpose(1, 2), *position_embeddings)
     v = v.view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
     # what LlamaAttention passes on to the cache and the attention function: the layer's arguments but these
     passed = {"position_ids": kwargs.get("position_ids"), "use_cache": kwargs.get("use_cache", False),
@@ -499,15 +320,7 @@ def _lean_forward(layer, *args, **kwargs):
         attention = plan.attention_functions.get_interface(impl, plan.eager_attention)
         out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **window, **passed)
         out = out.reshape(b, s, -1).contiguous()
-    if specs is not None and out.is_contiguous():  # o_proj, residual, norm, gate|up, SiLU, down, residual
-        (w2, eps2, lanes2) = fused.norm2
-        done = fused.mod.layer_attn_out(hidden_states, out, *specs[1], w2["weight"], eps2, lanes2, *specs[2],
-                                        *specs[3])
-        if len(done) == 2:
-            return done[1]
-        hidden_states = done[0]  # the norm met a NaN: on from the residual, step by step
-    else:
-        hidden_states = hidden_states + plan.o_proj(out).view(b, s, -1)
+    hidden_states = hidden_states + plan.o_proj(out).view(b, s, -1)
     gate, up = plan.gate_up(plan.norm2(hidden_states))
     return hidden_states + plan.down(plan.act(gate) * up).view(b, s, -1)
 
@@ -567,7 +380,7 @@ def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Mo
         raise ValueError(f"rollout.attention must be one of {list(A.ATTENTION_CHOICES)}, got {attention!r}")
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
-    if attention != "sdpa" and current not in ("sdpa", A.NAME, A.KERNEL_NAME):
+    if attention != "sdpa" and current not in ("sdpa", A.NAME):
         raise ValueError(f"rollout.attention={attention} needs a model with transformers' sdpa attention; "
                          f"{type(model).__name__} uses {current!r}")
     install(model)  # the lean decoder-layer forward (the same values)
@@ -576,8 +389,8 @@ def set_rollout_attention(model: torch.nn.Module, attention: str) -> torch.nn.Mo
     A.register()
     param = next(model.parameters(), None)
     if param is None or param.device.type == "cpu":
-        from interq.quant import kernels
+        from interq import kernels
 
-        kernels.load()  # built once per machine: sdpa_packed's one-call decode, packed_kernel's kernels (else torch's)
+        kernels.load()  # built once per machine: sdpa_packed's one-call decode (else torch's)
     model.set_attn_implementation(A.NAMES[attention])
     return model

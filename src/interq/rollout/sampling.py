@@ -120,21 +120,11 @@ def exponential_race(generators: Sequence[torch.Generator], vocab: int) -> torch
     2^-24 grid E near 0 comes in steps of 6e-8 (U = 1 - 2^-24 is hit once in 16.7 million per token, 0.3% of
     draws of 49k): the race values p / E of the smallest E are too coarse, which distorts rare tokens.
 
-    The draw is serial per generator. Where interq's CPU kernels load (:mod:`interq.quant.kernels`) the uniforms come
-    from ``uniform_f64_rows``, which writes the numbers ``Tensor.uniform_`` would with each generator's mt19937
-    run in bulk, rows over torch's threads (the same numbers and generator states, tested): the race of 16 rows of 49k
-    took 6.0 ms against 17.1 with the threads below at 2 threads, 10.1 against 14.7 at one (an Intel Xeon,
-    ``results/benchmarks/xeon-amx/2026-12-03-packed-bf16-multiturn/sampling.log``); the uniforms alone 3.8 -> 1.1 ms at one thread since the engine
-    runs in blocks (2026-12-03). Otherwise rows are split over
-    ``torch.get_num_threads()`` Python threads (torch releases the GIL); each generator is used by one thread in its
-    own order, so the numbers are those of the loop (a generator named for two rows draws them in row order, on
-    one thread).
+    The draw is serial per generator: rows are split over ``torch.get_num_threads()`` Python threads (torch releases
+    the GIL); each generator is used by one thread in its own order, so the numbers are those of the loop (a
+    generator named for two rows draws them in row order, on one thread).
     """
     u = torch.empty((len(generators), vocab), dtype=torch.float64, device=generators[0].device)  # [N, V]
-    mod = _kernels() if u.device.type == "cpu" else None
-    if mod is not None:
-        mod.uniform_f64_rows(u, list(generators))
-        return u.clamp_min_(_TINY).log_().neg_().float()  # [N, V] fp32; E = -log U
     workers = min(torch.get_num_threads(), len(generators))
 
     inference = u.is_inference()  # inference mode is per thread: the pool's threads take the caller's
@@ -217,17 +207,6 @@ def device_race(generators: Sequence[torch.Generator], vocab: int, device: torch
     return u.clamp_min_(_TINY).log_().neg_().float()  # [N, V]
 
 
-def _kernels():
-    """interq's compiled CPU kernels when they load and have ``uniform_f64_rows`` (built once per machine, by
-    ``scripts/setup.sh`` ahead), else None: the draw stays torch's own."""
-    try:
-        from interq.quant import kernels
-    except ImportError:
-        return None
-    mod = kernels.load()
-    return mod if mod is not None and hasattr(mod, "uniform_f64_rows") else None
-
-
 def sample_tokens(
     logits: torch.Tensor, params: SamplingParams, generators: Sequence[torch.Generator],
     device_draw: bool | None = None,
@@ -248,10 +227,5 @@ def sample_tokens(
     on_device = probs.device.type != "cpu" if device_draw is None else device_draw  # drawn where the logits are
     race = (device_race(generators, probs.shape[-1], probs.device) if on_device
             else exponential_race(generators, probs.shape[-1]))  # [N, V]
-    mod = _kernels() if probs.device.type == "cpu" else None
-    if (mod is not None and hasattr(mod, "race_argmax") and race.device == probs.device
-            and probs.dtype == race.dtype == torch.float32 and probs.is_contiguous() and race.is_contiguous()):
-        tokens = mod.race_argmax(probs, race)  # [N]: the same division and argmax in one pass (no quotient tensor)
-    else:
-        tokens = probs.div_(race.to(probs.device)).argmax(dim=-1)  # [N] (probs is a temporary: divided in place)
+    tokens = probs.div_(race.to(probs.device)).argmax(dim=-1)  # [N] (probs is a temporary: divided in place)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)  # [N], [N]

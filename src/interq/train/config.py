@@ -45,7 +45,7 @@ KV_FORMATS = ("none", "int8_per_token_head", "fp8_per_token_head", "fp8_tensor")
 LEARNER_AUTOCASTS = ("auto", "off", "bf16", "bf16_backward")
 LEARNER_GEMMS = ("torch", "onednn")
 LEARNER_ATTENTIONS = ("auto", "sdpa", "kernel")
-ATTENTIONS = ("sdpa", "sdpa_packed", "packed_kernel")  # = interq.rollout.attention.ATTENTION_CHOICES (tested), kept here torch-free
+ATTENTIONS = ("sdpa", "sdpa_packed")  # = interq.rollout.attention.ATTENTION_CHOICES (tested), kept here torch-free
 DEVICES = ("cpu", "cuda", "auto")
 ARCHS = ("qwen3", "qwen3_moe")
 DTYPES = ("float32", "bfloat16")
@@ -245,9 +245,7 @@ class RolloutConfig:
                       bounds=Bounds(0, 1, low_open=True))
     attention: str = _f("sdpa_packed", "Executor's attention: sdpa_packed (a single query token attends with its KV "
                         "head's query heads packed: the same kernel path whatever the batch's padding, faster decode "
-                        "for grouped-query models), sdpa (transformers' attention as it comes), packed_kernel "
-                        "(sdpa_packed with one-token decode attention by interq's CPU kernel, fp32 inside: faster, "
-                        "not the same bits).", choices=ATTENTIONS)
+                        "for grouped-query models), sdpa (transformers' attention as it comes).", choices=ATTENTIONS)
     max_action_tokens: int = _f(12, "Most tokens the agent generates per turn.", bounds=POSITIVE)
     max_context_tokens: int = _f(2048, "Longest context in tokens; reaching it truncates the episode.",
                                  allowed="> rollout.max_action_tokens")
@@ -572,7 +570,7 @@ def resolve_learner_autocast(value: str, device: str = "cpu") -> str:
 
 def resolve_learner_attention(value: str, device: str = "cpu") -> str:
     """``train.learner_attention=auto`` -> ``kernel`` for a CPU learner where interq's CPU kernels load (built
-    once per machine, :mod:`interq.quant.kernels`; ``INTERQ_CPU_KERNELS=0`` turns them off) on a CPU with AVX-512, or
+    once per machine, :mod:`interq.kernels`; ``INTERQ_CPU_KERNELS=0`` turns them off) on a CPU with AVX-512, or
     with AVX2 and FMA, that is not an Intel one, ``sdpa`` elsewhere (CUDA, no C++ compiler, Intel CPUs, CPUs with
     neither). Measured (docs/performance.md): the kernel's forward and backward are 2.2-2.6x torch's CPU flash kernel
     on AMD EPYCs with AVX-512 (Zen 5) at 300-1,760 tokens and 1.14-1.28x on an AVX2-only AMD EPYC (Zen 3) at
@@ -587,7 +585,7 @@ def resolve_learner_attention(value: str, device: str = "cpu") -> str:
 
     if cpu_vendor() == "GenuineIntel" or not (cpu_has("avx512f") or (cpu_has("avx2") and cpu_has("fma"))):
         return "sdpa"
-    from interq.quant import kernels
+    from interq import kernels
 
     return "kernel" if kernels.load() is not None else "sdpa"
 

@@ -1,14 +1,13 @@
-"""Fused CPU kernels for the int8 executor: one pass over memory where the eager path runs a chain of ops.
+"""interq's compiled CPU kernels (the bottom room: the executor, the rollout and the learner call them through
+this module): one pass over memory where the eager path runs a chain of ops.
 
 At decode sizes (16 rows) the executor's quantized linear is bound by per-op overhead, not arithmetic: the
 activation quantizer is ~7 eager ops, the epilogue 3 and each fused member's cast one more, at 2-5 us each.
-``csrc/int8_kernels.cpp`` does each of these in one call, with the same values bit for bit (same float
+``csrc/kernels.cpp`` (one translation unit; a header per topic beside it) does each of these in one call, with the same values bit for bit (same float
 operations in the same order, compiled with ``-ffp-contract=off``; tests/test_quant_kernels.py):
 
 - ``quant_act_int8(x, qmax)`` = ``primitives.quant_act_int8_token(x, "half_even", bits)``
 - ``epilogue(acc, s_a, s_w, sizes, dtype)`` = ``linear.epilogue`` (no bias) per member of a fused group
-- ``quant_kv_int8(t, qmax, trunc, min_scale)`` = ``primitives.quant_kv`` for ``int8_per_token_head``
-- ``dequant_kv_int8(q, s, dtype)`` = ``primitives.dequant_kv`` for int8 codes with per-row scales (the cache read)
 - ``fake_quant_act_int8(x, qmax)`` = the forward value of ``primitives.fq_activation_ste`` (int8, half_even): the
   aligned learner's activation fake quantization (its gradient, the identity, is :mod:`interq.quant.aligned`'s)
 - ``fake_quant_kv_int8(t, qmax, trunc, min_scale)`` = the forward value of ``primitives.fq_kv_ste`` for
@@ -38,42 +37,18 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   (AMX builds; 2 <= G <= 16, D a multiple of 32 up to 256; bool or bf16 masks: float32 masks are accepted but
   unverified against torch, which does not take them with a bf16 query): ``rollout.attention=sdpa_packed``'s decode
   where its probe agrees (:func:`interq.rollout.attention.flash_decode_matches`)
-- ``decode_attention(q, k, v, mask, scale)``: one-token attention of the packed query heads of each KV head, fp32
-  inside (``rollout.attention=packed_kernel``, :mod:`interq.rollout.attention`): NOT the same bits as torch's flash
-  kernel (an opt-in computation of its own, to rounding; the two below are the others; every other kernel here is
-  bit for bit its eager chain)
-- ``masked_attention(q, k, v, mask, scale)``: the rollout's masked prefill attention (several new tokens over the
-  cache), fp32 inside, for ``rollout.attention=packed_kernel``: to rounding, like ``decode_attention``
-- ``uniform_f64_rows(out, generators)``: row r of ``out`` [N, V] float64 = ``out[r].uniform_(generator=
-  generators[r])``, bit for bit, each generator advanced as by that call (the sampler's exponential race,
-  :func:`interq.rollout.sampling.exponential_race`): the generators' mt19937 run in bulk (tempered and twisted 16
-  words at a time) instead of one libtorch call per number, rows in parallel
-- ``race_argmax(probs, race)`` = ``probs.div(race).argmax(-1)`` (the sampler's last step, its NaN and tie rules) in
-  one pass without the quotient tensor
-- ``kv_append(bufs, curs, news, fake_quant, qmax, trunc, min_scale)``: a decode step's KV cache write into the
-  buffers' spare columns in one call (``append_columns``' copy, or ``fake_quant_kv_int8``'s values for the 8-bit cache
-  that keeps only dequantized values) -> the prefix views; empty where a pair is not the in-place case
-  (:mod:`interq.quant.kv_buffer`)
-- ``rope_bf16(q, k, cos, sin)`` = transformers' ``apply_rotary_pos_emb`` of bf16 query and key heads ([B, S, N, D],
-  contiguous) with its eager ops' roundings (both products and their sum rounded to bf16), and whether an output is
-  NaN (then the caller takes the eager ops: torch's vectorized NaN bits differ): the rollout's fast decoder layer
-  (:mod:`interq.rollout.fast_layers`)
-- ``layer_attn_in(...)`` / ``layer_attn_out(...)``: a Llama decoder layer's two halves around its KV cache (norm,
-  q|k|v, rotary embedding; o_proj, residual, norm, gate|up, SiLU, down, residual) in one call each, composed of the
-  kernels above and torch's own elementwise ops in the lean forward's order: the same bits without the Python calls
-  between them (:mod:`interq.rollout.fast_layers`)
 - ``causal_attention_fwd(q, k, v, scale)`` / ``causal_attention_bwd(...)``: the learner's causal self-attention and
-  its gradient in fp32 (``train.learner_attention=kernel``, :mod:`interq.quant.causal_attention`): to rounding
+  its gradient in fp32 (``train.learner_attention=kernel``, :mod:`interq.quant.causal_attention`): to rounding (every
+  other kernel here is bit for bit its eager chain)
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
-minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -c 'from interq.quant import kernels;
-kernels.main()'``) into ``$INTERQ_KERNELS_DIR`` (default ``~/.cache/interq/kernels``), under a name that hashes
+minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -m interq.kernels``) into ``$INTERQ_KERNELS_DIR`` (default ``~/.cache/interq/kernels``), under a name that hashes
 the source, the torch version, the CPU's instruction-set flags (``-march=native``: a build is never loaded on a
 CPU it was not made for) and the virtual environment. Where it cannot be built (no compiler) the executor keeps
 the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. Builds that no process
 has loaded for 30 days are removed when another one loads (:func:`prune`). They never change a
-number, only the time (the attention kernels aside: they run where ``rollout.attention=packed_kernel`` or
-``train.learner_attention=kernel`` asks, the latter the default where the kernels build).
+number, only the time (the learner's attention kernel aside: it runs where ``train.learner_attention=kernel`` asks,
+the default where the kernels build).
 """
 
 from __future__ import annotations
@@ -87,7 +62,8 @@ from pathlib import Path
 
 import torch
 
-_SRC = Path(__file__).with_name("csrc") / "int8_kernels.cpp"
+_CSRC = Path(__file__).with_name("csrc")
+_SRC = _CSRC / "kernels.cpp"  # includes every header of _CSRC
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
 _LOCK = threading.Lock()
 _STATE: dict = {"module": None, "tried": False, "reason": "not loaded yet", "build_s": None, "name": None}
@@ -117,11 +93,12 @@ def _flags(openmp: bool) -> list[str]:
 
 
 def build_name(openmp: bool = True) -> str:
-    """The extension's name: a hash of the source, the flags, torch's version, the CPU's ISA flags and the venv."""
+    """The extension's name: a hash of the sources, the flags, torch's version, the CPU's ISA flags and the venv."""
     h = hashlib.sha256()
     # sys.prefix: each virtual environment builds its own (its include paths are in the build file: two venvs
     # sharing one directory would rebuild it in turn)
-    for part in (_SRC.read_bytes(), " ".join(_flags(openmp)).encode(), torch.__version__.encode(), _cpu_flags().encode(),
+    sources = b"".join(p.name.encode() + p.read_bytes() for p in sorted(_CSRC.glob("*.*")) if p.suffix in (".cpp", ".h"))
+    for part in (sources, " ".join(_flags(openmp)).encode(), torch.__version__.encode(), _cpu_flags().encode(),
                  sys.version.encode(), sys.prefix.encode()):
         h.update(part)
     return "interq_int8_kernels_" + h.hexdigest()[:16]
@@ -236,19 +213,16 @@ def _load_inline(name: str, openmp: bool, verbose: bool, build_dir: Path):
     from torch.utils.cpp_extension import load_inline
 
     return load_inline(name, cpp_sources=[_SRC.read_text()],
-                       functions=["quant_act_int8", "epilogue", "quant_kv_int8", "dequant_kv_int8",
-                                  "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
+                       functions=["quant_act_int8", "epilogue", "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
                                   "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2", "int8_linear_avx2",
                                   "has_int8_gemm_amx",
                                   "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
                                   "has_bf16_linear_avx2", "bf16_linear_avx2", "bf16_avx2_k_order",
                                   "flash_decode_amx",
                                   "torch_row_sums", "rms_norm_bf16",
-                                  "decode_attention",
-                                  "causal_attention_fwd", "causal_attention_bwd", "masked_attention",
-                                  "uniform_f64_rows", "race_argmax", "rope_bf16", "kv_append",
-                                  "layer_attn_in", "layer_attn_out"],
+                                  "causal_attention_fwd", "causal_attention_bwd"],
                        extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
+                       extra_include_paths=[str(_CSRC)],
                        build_directory=str(build_dir), verbose=verbose)
 
 
