@@ -2,7 +2,8 @@
 
 The kernels are built on each machine with ``-march=native``, so a machine compiles only its own ``#if`` branches:
 an edit to the AVX2 tiles would first fail to compile on an AVX2 user's machine. Here each source file under the
-kernels' ``csrc`` folder (with the topic headers it includes) is compiled for one target of each CPU class, with the flags and include paths of the real
+kernels' ``csrc`` folder (with the topic headers it includes) is compiled for one target of each CPU class, with
+the flags and include paths of the real
 build (torch's ``cpp_extension`` writes them, as for ``interq.kernels``' build, and only ``-march`` changes),
 to an object file (``-c``: code generation and the assembler run, not only the parser), the targets in parallel:
 

@@ -3,8 +3,9 @@ this module): one pass over memory where the eager path runs a chain of ops.
 
 At decode sizes (16 rows) the executor's quantized linear is bound by per-op overhead, not arithmetic: the
 activation quantizer is ~7 eager ops, the epilogue 3 and each fused member's cast one more, at 2-5 us each.
-``csrc/kernels.cpp`` (one translation unit; a header per topic beside it) does each of these in one call, with the same values bit for bit (same float
-operations in the same order, compiled with ``-ffp-contract=off``; tests/test_quant_kernels.py):
+``csrc/kernels.cpp`` (one translation unit; a header per topic beside it) does each of these in one call, with the
+same values bit for bit (same float operations in the same order, compiled with ``-ffp-contract=off``;
+tests/test_quant_kernels.py):
 
 - ``quant_act_int8(x, qmax)`` = ``primitives.quant_act_int8_token(x, "half_even", bits)``
 - ``epilogue(acc, s_a, s_w, sizes, dtype)`` = ``linear.epilogue`` (no bias) per member of a fused group
@@ -42,8 +43,8 @@ operations in the same order, compiled with ``-ffp-contract=off``; tests/test_qu
   other kernel here is bit for bit its eager chain)
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
-minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -m interq.kernels``) into ``$INTERQ_KERNELS_DIR`` (default ``~/.cache/interq/kernels``), under a name that hashes
-the source, the torch version, the CPU's instruction-set flags (``-march=native``: a build is never loaded on a
+minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -m interq.kernels``) into ``$INTERQ_KERNELS_DIR``
+(default ``~/.cache/interq/kernels``), under a name that hashes the sources, the torch version, the CPU's instruction-set flags (``-march=native``: a build is never loaded on a
 CPU it was not made for) and the virtual environment. Where it cannot be built (no compiler) the executor keeps
 the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. Builds that no process
 has loaded for 30 days are removed when another one loads (:func:`prune`). They never change a
@@ -97,7 +98,8 @@ def build_name(openmp: bool = True) -> str:
     h = hashlib.sha256()
     # sys.prefix: each virtual environment builds its own (its include paths are in the build file: two venvs
     # sharing one directory would rebuild it in turn)
-    sources = b"".join(p.name.encode() + p.read_bytes() for p in sorted(_CSRC.glob("*.*")) if p.suffix in (".cpp", ".h"))
+    sources = b"".join(p.name.encode() + p.read_bytes() for p in sorted(_CSRC.iterdir())
+                       if p.suffix in (".cpp", ".h"))
     for part in (sources, " ".join(_flags(openmp)).encode(), torch.__version__.encode(), _cpu_flags().encode(),
                  sys.version.encode(), sys.prefix.encode()):
         h.update(part)
@@ -213,13 +215,13 @@ def _load_inline(name: str, openmp: bool, verbose: bool, build_dir: Path):
     from torch.utils.cpp_extension import load_inline
 
     return load_inline(name, cpp_sources=[_SRC.read_text()],
-                       functions=["quant_act_int8", "epilogue", "fake_quant_act_int8", "fake_quant_kv_int8", "has_int8_gemm_vnni",
-                                  "pack_int8_vnni", "int8_gemm_vnni", "has_int8_gemm_avx2", "int8_gemm_avx2", "int8_linear_avx2",
-                                  "has_int8_gemm_amx",
-                                  "int8_gemm_amx", "int8_linear_amx", "has_bf16_gemm_amx", "bf16_linear_amx",
+                       functions=["quant_act_int8", "epilogue", "fake_quant_act_int8", "fake_quant_kv_int8",
+                                  "has_int8_gemm_vnni", "pack_int8_vnni", "int8_gemm_vnni",
+                                  "has_int8_gemm_avx2", "int8_gemm_avx2", "int8_linear_avx2",
+                                  "has_int8_gemm_amx", "int8_gemm_amx", "int8_linear_amx",
+                                  "has_bf16_gemm_amx", "bf16_linear_amx",
                                   "has_bf16_linear_avx2", "bf16_linear_avx2", "bf16_avx2_k_order",
-                                  "flash_decode_amx",
-                                  "torch_row_sums", "rms_norm_bf16",
+                                  "flash_decode_amx", "torch_row_sums", "rms_norm_bf16",
                                   "causal_attention_fwd", "causal_attention_bwd"],
                        extra_cflags=_flags(openmp), extra_ldflags=["-fopenmp"] if openmp else [],
                        extra_include_paths=[str(_CSRC)],

@@ -6,7 +6,7 @@ compute dtype. What the cache holds is its ``storage`` (the values read are the 
 
 * ``"dequantized"`` (the default): each token is quantized and dequantized once, when written, and only the
   dequantized values are kept, in the compute dtype (what attention reads). The fewest ops per decode step
-  (one fused kernel per K and V on CPU, then the append a bf16 cache does), the memory of a bf16 cache.
+  (a fake quantization of K and V, then the append a bf16 cache does), the memory of a bf16 cache.
 * ``"codes"``: the int8 / fp8 codes and scales, the whole cache dequantized on every read (the memory of a
   quantized-KV engine; every read costs O(cached tokens)).
 * ``"codes+dequantized"`` (``keep_dequantized=True``): both; the codes for inspection, the copy for reads.
@@ -96,19 +96,15 @@ class QuantKVLayer(DynamicLayer):
             return q[:, :h], s, q[:, h:], s
         return q[:, :h], s[:, :h], q[:, h:], s[:, h:]
 
-    @staticmethod
-    def _roundtrip(t: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
-        """dequant(quant(t)) in t's dtype [B, H, T, D]."""
-        return P.fake_quant_kv(t, qcfg)
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write key/value states [B, H, T_new, D] (quantized once, here); return the dequantized cache."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         put = self._append
         if not self.codes:  # only the dequantized values are kept
-            self.keys = put("keys", self._roundtrip(key_states, self.qcfg))  # [B, H, T, D]
-            self.values = put("values", self._roundtrip(value_states, self.qcfg))
+            # dequant(quant(.)) in the compute dtype [B, H, T, D]
+            self.keys = put("keys", P.fake_quant_kv(key_states, self.qcfg))
+            self.values = put("values", P.fake_quant_kv(value_states, self.qcfg))
             return self.keys, self.values
         kq, ks, vq, vs = self._quantize_pair(key_states, value_states, self.qcfg)  # [B, H, T_new, D], [.., 1] | []
         self.keys = put("keys", kq)  # [B, H, T, D]

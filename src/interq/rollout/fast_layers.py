@@ -11,7 +11,8 @@ rotary embedding is ten eager ops (``q * cos + rotate_half(q) * sin`` for q and 
 and MLP; Qwen3's attention also normalizes q and k per head, Qwen2's, Qwen3's and Mistral's pass a sliding window on)
 an instance ``forward`` that calls its submodules'
 ``forward`` directly in transformers' order and runs a fused q|k|v (gate|up) group in one call. Every value is the
-eager layer's, bit for bit (tested: the engine's tokens and log-probs with and without it). A call takes transformers' own forward where the lean one could differ:
+eager layer's, bit for bit (tested: the engine's tokens and log-probs with and without it). A call takes
+transformers' own forward where the lean one could differ:
 in training mode, with gradients asked for, with forward hooks on any submodule (transformers records attentions and
 hidden states by hooks), or under argument names this code does not know. Other layer classes are left alone.
 
