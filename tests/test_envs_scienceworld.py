@@ -125,6 +125,8 @@ def test_truncation(sw):
 def test_jvm_heap_is_capped(sw):
     import os
 
+    from interq.envs.scienceworld import DEFAULT_JAVA_OPTIONS
+
     pid = sw._sw._gateway.java_process.pid
     path = f"/proc/{pid}/environ"
     if not os.path.exists(path):
@@ -134,4 +136,32 @@ def test_jvm_heap_is_capped(sw):
     if "JAVA_TOOL_OPTIONS" in os.environ:
         assert opts == [b"JAVA_TOOL_OPTIONS=" + os.environ["JAVA_TOOL_OPTIONS"].encode()]
     else:
-        assert opts == [b"JAVA_TOOL_OPTIONS=-Xmx384m -XX:+UseSerialGC"]
+        assert opts == [b"JAVA_TOOL_OPTIONS=" + DEFAULT_JAVA_OPTIONS.encode()]
+
+
+@pytest.mark.scienceworld
+def test_same_task_and_actions_give_the_same_text_in_a_second_jvm(sw):
+    """ScienceWorld lists objects, and reads an ambiguous action, in identity-hash order; the default JVM options
+    fix the hash, so a second JVM (a second env) replays a task word for word. The boil variations hold three
+    wood cups that differ only in their paint: which one "pick up wood cup" takes is what the hash decided."""
+    import os
+
+    from interq.envs.scienceworld import ScienceWorldEnv
+
+    if "JAVA_TOOL_OPTIONS" in os.environ:
+        pytest.skip("JAVA_TOOL_OPTIONS is set: the env's own JVM options are not used")
+    assert sw.fixed_identity_hash()
+    actions = ("look around", "pick up wood cup", "inventory", "look around")
+
+    def play(env):
+        texts = []
+        for task in ("boil:0", "boil:1", "boil:2"):
+            texts.append(env.reset(task).text)
+            texts += [env.step(a).observation.text for a in actions]
+        return texts
+
+    other = ScienceWorldEnv(expert=False)
+    try:
+        assert play(other) == play(sw)
+    finally:
+        other.close()

@@ -1,8 +1,15 @@
 """ScienceWorld, the real engine (extra ``interq[scienceworld]``, Java >= 11), behind the Env protocol.
 
 - **One JVM per env**, heap capped: unless ``JAVA_TOOL_OPTIONS`` is already set, the JVM is started
-  with ``-Xmx384m -XX:+UseSerialGC`` (``java_options=``: 260-290 MiB instead of ~970 MiB, same
-  speed). Start-up takes about 2 s: build one env and reuse it across episodes.
+  with ``DEFAULT_JAVA_OPTIONS`` (``java_options=``): ``-Xmx384m -XX:+UseSerialGC`` (260-290 MiB instead of
+  ~970 MiB, same speed). Start-up takes about 2 s: build one env and reuse it across episodes.
+- **Reproducible episodes**: ScienceWorld keeps a room's or container's objects in hash sets keyed by the
+  JVM's identity hash, which differs from one JVM to the next. The order it lists objects in (``look
+  around``) and the object an ambiguous action's first reading names then change between runs of the same
+  seed. The default options also fix every identity hash (``-XX:hashCode=2``): the sets iterate in the
+  order objects were made, so the same task and actions give the same text in every JVM. The price is
+  about 1.1-1.2x per step (hash sets degrade to lists); ``java_options`` without it, or a
+  ``JAVA_TOOL_OPTIONS`` of your own, gives the engine's run-to-run order back.
 - **Fast step path**: ``step`` calls the server's step, score and completion only. ScienceWorld's own
   ``env.step`` re-lists every valid action on every step (about 3x slower); here the valid actions are
   computed only when asked: ``admissible_actions()``, or on every observation with ``admissible=True``.
@@ -33,7 +40,8 @@ from .base import (EpisodeError, Observation, ParsedAction, StepResult, TaskSpec
                    extract_tagged_action)
 
 SPLITS = ("train", "dev", "test")
-DEFAULT_JAVA_OPTIONS = "-Xmx384m -XX:+UseSerialGC"
+# heap cap and serial GC (memory); a fixed identity hash (the same listing order and ambiguity readings in every JVM)
+DEFAULT_JAVA_OPTIONS = "-Xmx384m -XX:+UseSerialGC -XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
 MAX_ACTION_CHARS = 1000
 NO_MATCH = "No known action matches that input."
 _env_lock = threading.Lock()
@@ -49,7 +57,7 @@ class ScienceWorldEnv:
         reward_scale: reward = delta score * reward_scale.
         admissible: put the valid actions in every observation (slow: ~3x per step).
         expert: generate gold paths at reset (``expert_action``).
-        java_options: JVM options when ``JAVA_TOOL_OPTIONS`` is unset (heap cap).
+        java_options: JVM options when ``JAVA_TOOL_OPTIONS`` is unset (heap cap, fixed identity hash).
         max_variations: cap the variations listed per task and split (None: all).
     """
 
@@ -127,7 +135,8 @@ class ScienceWorldEnv:
             system = self._sw._gateway.jvm.java.lang.System
             runtime = self._sw._gateway.jvm.java.lang.Runtime.getRuntime()
             java = {"version": str(system.getProperty("java.version")), "vm": str(system.getProperty("java.vm.name")),
-                    "max_heap_mib": int(runtime.maxMemory()) // 2 ** 20}
+                    "max_heap_mib": int(runtime.maxMemory()) // 2 ** 20,
+                    "fixed_identity_hash": self.fixed_identity_hash()}
         except Exception as e:  # noqa: BLE001 - a record, not a requirement
             java = {"version": f"unknown ({type(e).__name__})"}
         return {"env": self.name, "engine": "ScienceWorld", "version": f"scienceworld {engine_version}", "java": java,
@@ -135,6 +144,12 @@ class ScienceWorldEnv:
                 "task_names": list(self.task_names), "max_variations": self.max_variations,
                 "simplification": self.simplification, **describe_splits(self, SPLITS), "max_steps": self.max_steps,
                 "reward_scale": self.reward_scale, "admissible": self.admissible}
+
+    def fixed_identity_hash(self) -> bool:
+        """Whether this env's JVM gives every object the same identity hash (module docstring: reproducible
+        episodes); False under a ``JAVA_TOOL_OPTIONS`` or ``java_options`` without ``-XX:hashCode=2``."""
+        jvm = self._sw._gateway.jvm
+        return {int(jvm.java.lang.System.identityHashCode(jvm.java.lang.Object())) for _ in range(3)} == {1}
 
     def tasks(self, split: str) -> list[TaskSpec]:
         if split not in SPLITS:
