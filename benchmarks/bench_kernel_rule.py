@@ -85,6 +85,9 @@ PIECES: dict[str, Piece] = {
     "sdpa_packed": Piece("the rollout's packed-GQA attention sdpa_packed, flash decode included (rollout.attention=sdpa: "
                          "transformers' sdpa, to rounding)", (), overrides=("rollout.attention=sdpa",),
                          parts=("study_rollout", "smol_rollout")),
+    "learner_fake_quant": Piece("the aligned learner's fake_quant_act_int8 / fake_quant_kv_int8 (P.fq_activation_ste "
+                                "/ P.fq_kv_ste)", ("fake_quant_act_int8", "fake_quant_kv_int8"),
+                                parts=("study_learner", "smol_learner")),
     "bf16_backward": Piece("the learner's bf16 backward GEMMs (train.learner_autocast=off: fp32, to rounding)", (),
                            overrides=("train.learner_autocast=off",), parts=("study_learner", "smol_learner")),
     "learner_attention_kernel": Piece("causal_attention_fwd/bwd (opt-in on Intel: train.learner_attention=kernel "
@@ -158,6 +161,9 @@ def patch_off(piece: str) -> None:
         R.FusedRMSNorm.from_norm = classmethod(lambda cls, norm: None)
     elif piece == "bf16_linear_amx":
         PL.use_amx_product(False)
+    elif piece == "learner_fake_quant":
+        AL.fq_activation = lambda x, qcfg: P.fq_activation_ste(x, qcfg)
+        AL.fq_kv = lambda t, qcfg: P.fq_kv_ste(t, qcfg)
 
 
 class _Counting:

@@ -116,6 +116,78 @@ def test_the_executor_gives_the_same_logits_with_and_without_the_kernels(mod):
             assert torch.equal(logits[False], logits[True]), (qcfg, dtype)
 
 
+def _bits32(t):
+    return t.contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_aligned_activation_fake_quant_equals_the_eager_ste(mod, dtype, bits):
+    from interq.quant.aligned import fq_activation
+
+    qcfg = QuantConfig(a_bits=bits)
+    x = _awkward((6, 96), dtype, seed=bits).reshape(2, 3, 96)
+    x[1, 2, 5] = float("inf")  # a row with an inf and one with a NaN: NaN everywhere in both
+    x[1, 1, 7] = float("nan")
+    fq = mod.fake_quant_act_int8(x.reshape(-1, 96), int_qmax(bits)).view(2, 3, 96)
+    ref = P.fq_activation_ste(x, qcfg)
+    nan = torch.isnan(ref)
+    assert nan[1, 1].all() and nan[1, 2].all() and torch.equal(torch.isnan(fq), nan)
+    assert torch.equal(_bits32(fq)[~nan], _bits32(ref)[~nan])  # bit for bit elsewhere: signs of zero included
+    # the same gradient, through the autograd function the aligned learner uses
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = fq_activation(xa, qcfg), P.fq_activation_ste(xb, qcfg)
+    assert ya.grad_fn is not None and "FakeQuantActSTE" in type(ya.grad_fn).__name__
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(2))
+    ya.backward(g)
+    yb.backward(g)
+    assert xa.grad.dtype == dtype and torch.equal(xa.grad, xb.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits,store", [(8, "round"), (4, "trunc")])
+def test_aligned_kv_fake_quant_equals_the_eager_ste(mod, dtype, bits, store):
+    from interq.quant.aligned import fq_kv
+
+    qcfg = QuantConfig(kv_bits=bits, kv_int8_store=store)
+    t = _awkward((2 * 3 * 5, 32), dtype, seed=bits).reshape(2, 3, 5, 32)
+    t[1, 2, 3, 4] = float("inf")
+    t[1, 1, 0, 7] = float("nan")
+    ta, tb = t.clone().requires_grad_(), t.clone().requires_grad_()
+    ya, yb = fq_kv(ta, qcfg), P.fq_kv_ste(tb, qcfg)
+    assert "FakeQuantKVSTE" in type(ya.grad_fn).__name__ and ya.dtype == yb.dtype == dtype
+    nan = torch.isnan(yb)
+    assert nan[1, 2, 3].all() and nan[1, 1, 0].all() and torch.equal(torch.isnan(ya), nan)
+    bits_of = (lambda x: x.view(torch.int32)) if dtype == torch.float32 else (lambda x: x.view(torch.int16))
+    assert torch.equal(bits_of(ya.detach())[~nan], bits_of(yb.detach())[~nan])  # signs of zero included
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    ya.backward(g)
+    yb.backward(g)
+    assert torch.equal(ta.grad, tb.grad)  # the clipped mask included (0 where the eager estimator gives 0)
+
+
+def test_the_aligned_learner_gives_the_same_logits_and_gradients_with_and_without_the_kernels(mod):
+    from interq.quant import aligned
+
+    for qcfg in (QuantConfig(), QuantConfig(w_bits=4, a_bits=4, kv_bits=4)):
+        for dtype in (torch.float32, torch.bfloat16):
+            ids = torch.randint(0, 128, (2, 11), generator=torch.Generator().manual_seed(3))
+            got = {}
+            for on in (False, True):
+                kernels.set_enabled(on)
+                try:
+                    model = tiny_causal_lm("qwen3", dtype=dtype)
+                    with aligned(model, qcfg):
+                        logits = model(input_ids=ids).logits
+                    torch.log_softmax(logits.float(), -1)[..., 5].sum().backward()
+                    got[on] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+                finally:
+                    kernels.set_enabled(True)
+            assert torch.equal(got[False][0], got[True][0]), (qcfg, dtype)
+            assert got[False][1].keys() == got[True][1].keys()
+            assert all(torch.equal(got[False][1][n], got[True][1][n]) for n in got[False][1]), (qcfg, dtype)
+
+
 def test_prune_removes_only_old_unused_builds(tmp_path, monkeypatch):
     """Builds not loaded for PRUNE_AFTER_DAYS go; the one in use, recent ones, one being built and other files stay."""
     import os
