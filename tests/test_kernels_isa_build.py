@@ -1,11 +1,11 @@
 """Every instruction-set branch of the C++ kernels compiles, whatever CPU runs the tests.
 
-The kernels are built on each machine with ``-march=native``, so a machine compiles only its own ``#if`` branches:
-an edit to the AVX2 tiles would first fail to compile on an AVX2 user's machine. Here each source file under the
-kernels' ``csrc`` folder (with the topic headers it includes) is compiled for one target of each CPU class, with
-the flags and include paths of the real
-build (torch's ``cpp_extension`` writes them, as for ``interq.kernels``' build, and only ``-march`` changes),
-to an object file (``-c``: code generation and the assembler run, not only the parser), the targets in parallel:
+The kernels are built on each machine with ``-march=native``, so a machine compiles only its own ``#if`` branches: an
+edit to the AVX2 tiles would first fail to compile on an AVX2 user's machine. Here each source file under the kernels'
+``csrc`` folder (with the topic headers it includes) is compiled for one target of each CPU class, with the flags and
+include paths of the real build (torch's ``cpp_extension`` writes them, as for ``interq.kernels``' build, and only
+``-march`` changes), to an object file (``-c``: code generation and the assembler run, not only the parser), the targets
+in parallel:
 
 - ``x86-64-v2``: no AVX2 (the scalar and SSE code);
 - ``x86-64-v3``: AVX2 + FMA (AMD Zen 2/3, Intel client CPUs: the ``avx2`` int8 backend, the AVX2 bf16 linear);

@@ -44,8 +44,9 @@ tests/test_quant_kernels.py):
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a
 minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -m interq.kernels``) into ``$INTERQ_KERNELS_DIR``
-(default ``~/.cache/interq/kernels``), under a name that hashes the sources, the torch version, the CPU's instruction-set flags (``-march=native``: a build is never loaded on a
-CPU it was not made for) and the virtual environment. Where it cannot be built (no compiler) the executor keeps
+(default ``~/.cache/interq/kernels``), under a name that hashes the sources, the torch version, the CPU's
+instruction-set flags (``-march=native``: a build is never loaded on a CPU it was not made for) and the virtual
+environment. Where it cannot be built (no compiler) the executor keeps
 the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. Builds that no process
 has loaded for 30 days are removed when another one loads (:func:`prune`). They never change a
 number, only the time (the learner's attention kernel aside: it runs where ``train.learner_attention=kernel`` asks,

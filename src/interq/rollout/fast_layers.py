@@ -8,13 +8,12 @@ q|k|v and gate|up groups of the int8 executor hand their members' outputs out on
 rotary embedding is ten eager ops (``q * cos + rotate_half(q) * sin`` for q and k).
 
 :func:`install` gives each Llama, Qwen3, Qwen2 or Mistral decoder layer of a model (:data:`LAYER_CLASSES`: Llama's layer
-and MLP; Qwen3's attention also normalizes q and k per head, Qwen2's, Qwen3's and Mistral's pass a sliding window on)
-an instance ``forward`` that calls its submodules'
-``forward`` directly in transformers' order and runs a fused q|k|v (gate|up) group in one call. Every value is the
-eager layer's, bit for bit (tested: the engine's tokens and log-probs with and without it). A call takes
-transformers' own forward where the lean one could differ:
-in training mode, with gradients asked for, with forward hooks on any submodule (transformers records attentions and
-hidden states by hooks), or under argument names this code does not know. Other layer classes are left alone.
+and MLP; Qwen3's attention also normalizes q and k per head, Qwen2's, Qwen3's and Mistral's pass a sliding window on) an
+instance ``forward`` that calls its submodules' ``forward`` directly in transformers' order and runs a fused q|k|v
+(gate|up) group in one call. Every value is the eager layer's, bit for bit (tested: the engine's tokens and log-probs
+with and without it). A call takes transformers' own forward where the lean one could differ: in training mode, with
+gradients asked for, with forward hooks on any submodule (transformers records attentions and hidden states by hooks),
+or under argument names this code does not know. Other layer classes are left alone.
 
 :func:`set_rollout_attention` installs it on every rollout executor (with the attention function); ``use_fast_layers(False)`` (or
 ``INTERQ_FAST_LAYERS=0``) makes every layer take transformers' forward again, for side-by-side timing.
