@@ -25,6 +25,8 @@ clamp: they are still int8 tensors through the same kernels and exact int32 accu
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -65,6 +67,36 @@ def amx_available() -> tuple[bool, str]:
     return True, "available"
 
 
+_INT_MM_EXACT: dict = {}
+_ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")  # oneDNN's own cap on the instruction set it uses
+
+
+def int_mm_exact() -> tuple[bool, str]:
+    """Whether ``torch._int_mm`` gives the exact int32 sums on this CPU in this process, and why not (asked once).
+
+    torch sends a CPU ``_int_mm`` to oneDNN where the CPU has AVX512-VNNI (else to its own exact reference loop).
+    oneDNN's int8 GEMM without VNNI multiplies pairs of codes into *saturating* int16 sums (``vpmaddubsw``), so where
+    ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below VNNI on a CPU that has it, the sums are wrong wherever two products are
+    large. The probe: codes of -128 and 127 only (every pair saturates), against the float64 product."""
+    if "v" not in _INT_MM_EXACT:
+        g = torch.Generator().manual_seed(0)
+        a = torch.where(torch.rand(16, 256, generator=g) < 0.5, -128, 127).to(torch.int8)
+        w = torch.where(torch.rand(256, 64, generator=g) < 0.5, -128, 127).to(torch.int8)
+        ok = torch.equal(torch._int_mm(a, w), (a.double() @ w.double()).to(torch.int32))
+        caps = [f"{v}={os.environ[v]}" for v in _ISA_CAPS if os.environ.get(v)]
+        why = "exact" if ok else (
+            "torch._int_mm's int32 sums are wrong on this CPU in this process (oneDNN's int8 GEMM saturates int16 "
+            "pair sums below AVX512-VNNI" + (f"; {' and '.join(caps)} caps it there" if caps else "") + ")")
+        _INT_MM_EXACT["v"] = (ok, why)
+    return _INT_MM_EXACT["v"]
+
+
+# the backends that can hand a CPU GEMM to torch._int_mm: int_mm itself, vnni above VNNI_MAX_M rows, amx where K is
+# not a multiple of 64
+_USES_INT_MM = ("int_mm", "vnni", "amx")
+EXACT_WITHOUT_INT_MM = ("fp32_exact", "avx2")
+
+
 def resolve_int8_backend(backend: str, device: torch.device | None = None) -> str:
     """``int_mm``: ``torch._int_mm``. ``fp32_exact``: the same int32 accumulator computed by an fp32 GEMM of
     the integer codes in K-chunks of <= 1024 (every product and partial sum is an integer below 2^24, so
@@ -75,7 +107,9 @@ def resolve_int8_backend(backend: str, device: torch.device | None = None) -> st
     ``vnni``), from the same packed weights; bit-identical too. ``avx2`` (CPU): the compiled AVX2 kernel (int16
     products) for any number of rows from the same packed weights; bit-identical too. ``auto``: ``int_mm`` on CUDA;
     on a CPU ``amx`` where it is available, else ``vnni``, else ``int_mm`` where torch's capability is AVX512, else
-    ``avx2`` where the kernels have it, else ``fp32_exact``."""
+    ``avx2`` where the kernels have it, else ``fp32_exact``. Where ``torch._int_mm`` is not exact on this CPU
+    (:func:`int_mm_exact`), ``auto`` takes ``avx2`` or ``fp32_exact`` and ``int_mm``, ``vnni`` and ``amx`` are
+    refused."""
     if backend not in INT8_BACKENDS:
         raise ValueError(f"int8_backend={backend!r} is not one of {INT8_BACKENDS}")
     cuda = device is not None and device.type == "cuda"
@@ -84,10 +118,16 @@ def resolve_int8_backend(backend: str, device: torch.device | None = None) -> st
         ok, why = (False, "it is a CPU kernel") if cuda else available()
         if not ok:
             raise ValueError(f"int8_backend={backend!r} cannot run here: {why}; use one of {INT8_BACKENDS}")
+    exact, why = (True, "CUDA") if cuda else int_mm_exact()
+    if backend in _USES_INT_MM and not exact:
+        raise ValueError(f"int8_backend={backend!r} cannot run here: it uses torch._int_mm and {why}; use one of "
+                         f"{EXACT_WITHOUT_INT_MM}, or 'auto'")
     if backend != "auto":
         return backend
     if cuda:
         return "int_mm"
+    if not exact:
+        return "avx2" if avx2_available()[0] else "fp32_exact"
     if amx_available()[0]:
         return "amx"
     if vnni_available()[0]:
