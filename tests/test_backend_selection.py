@@ -59,10 +59,12 @@ def _kernels():
 
 
 FLAGS = cpu_flags()
-VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= FLAGS
-AMX = VNNI and {"amx_tile", "amx_int8"} <= FLAGS
-AMX_BF16 = AMX and {"amx_bf16", "avx512_bf16"} <= FLAGS
-AVX2_ONLY = "avx2" in FLAGS and "avx512f" not in FLAGS
+# the class the kernels are built for: this CPU's, or the lower one INTERQ_KERNELS_MARCH names (make test-isa)
+KFLAGS = FLAGS if kernels.march() == "native" else set(kernels.MARCH_TARGETS[kernels.march()])
+VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= KFLAGS
+AMX = VNNI and {"amx_tile", "amx_int8"} <= KFLAGS
+AMX_BF16 = AMX and {"amx_bf16", "avx512_bf16"} <= KFLAGS
+AVX2_ONLY = "avx2" in KFLAGS and "avx512f" not in KFLAGS
 
 
 @pytest.mark.skipif(not VNNI, reason="this CPU has no AVX512-VNNI")
@@ -108,3 +110,27 @@ def test_the_machine_record_names_the_class_of_the_flags():
     cap = cpu_capability()
     assert cap["cpu_class"] == want
     assert cap["native_bf16"] == bool({"avx512_bf16", "amx_bf16"} & FLAGS)
+
+
+def test_the_kernels_build_for_the_class_interq_kernels_march_names():
+    from interq import switches
+
+    assert set(switches.REGISTRY["INTERQ_KERNELS_MARCH"]["values"]) == {"native", *kernels.MARCH_TARGETS}
+    assert kernels.isa_flags() == KFLAGS
+    assert f"-march={kernels.march()}" in kernels._flags(True)
+    v2, v3, v4, clx = (kernels.MARCH_TARGETS[t] for t in ("x86-64-v2", "x86-64-v3", "x86-64-v4", "cascadelake"))
+    assert v2 < v3 < v4 < clx and "avx2" in v3 - v2 and "avx512f" in v4 - v3 and clx - v4 == {"avx512_vnni"}
+
+
+def test_a_build_for_a_class_above_this_cpu_is_refused_before_compiling(monkeypatch):
+    monkeypatch.setenv("INTERQ_KERNELS_MARCH", "cascadelake")
+    monkeypatch.setattr(kernels, "_host_flags", lambda: set(kernels.MARCH_TARGETS["x86-64-v3"]))
+    why = kernels._march_refused()
+    assert why is not None and "INTERQ_KERNELS_MARCH=cascadelake" in why and "avx512_vnni" in why
+    monkeypatch.setenv("INTERQ_KERNELS_MARCH", "x86-64-v2")
+    assert kernels._march_refused() is None
+    monkeypatch.setenv("INTERQ_KERNELS_MARCH", "zen9")
+    from interq.switches import SwitchError
+
+    with pytest.raises(SwitchError, match="INTERQ_KERNELS_MARCH"):
+        kernels.march()

@@ -17,6 +17,8 @@ variable                    values                                        what i
 ``INTERQ_KERNELS_DIR``      a directory path (default                     where the CPU kernels are built; one
                             ``~/.cache/interq/kernels``)                  that cannot be used is said once, and
                                                                           the eager ops run
+``INTERQ_KERNELS_MARCH``    ``native`` (default), ``x86-64-v2``,          the CPU class the kernels are built
+                            ``x86-64-v3``, ``x86-64-v4``, ``cascadelake``  for: a lower one's code on this CPU
 ``INTERQ_CACHE``            a directory path (default ``~/.cache/interq``)  offline data (SmolLM2, ALFWorld)
 ``INTERQ_VERL_ALIGN``       ``fp8_block128`` (default), ``w8a8_int8``,    the verl engine's aligned forward
                             ``w8a8_int8_kv_int8``, ``w8a8_int8_kv_fp8``,
@@ -73,6 +75,9 @@ REGISTRY: dict[str, dict] = {
     "INTERQ_FAST_LAYERS": _bool(True, "the rollout's lean decoder-layer forward"),
     "INTERQ_FLASH_DECODE": _bool(True, "the one-call flash decode attention"),
     "INTERQ_KERNELS_DIR": _path("~/.cache/interq/kernels", "where the CPU kernels are built"),
+    # interq.kernels.MARCH_TARGETS' keys (a test keeps the two lists equal)
+    "INTERQ_KERNELS_MARCH": _choice(("native", "x86-64-v2", "x86-64-v3", "x86-64-v4", "cascadelake"), "native",
+                                    "the CPU class the kernels are built for"),
     "INTERQ_CACHE": _path("~/.cache/interq", "offline data (SmolLM2, ALFWorld)"),
     "INTERQ_VERL_ALIGN": {"kind": "verl_align", "default": "fp8_block128", "what": "the verl engine's aligned forward"},
     "INTERQ_VERL_LOG_LEVEL": _choice(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), "INFO",

@@ -46,7 +46,8 @@ The extension is compiled once per machine class with the C++ compiler torch's `
 minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -m interq.kernels``) into ``$INTERQ_KERNELS_DIR``
 (default ``~/.cache/interq/kernels``), under a name that hashes the sources, the torch version, the CPU's
 instruction-set flags (``-march=native``: a build is never loaded on a CPU it was not made for) and the virtual
-environment. Where it cannot be built (no compiler) the executor keeps
+environment. ``INTERQ_KERNELS_MARCH`` builds them for a lower CPU class instead (``x86-64-v3``: AVX2 and FMA, ...;
+:data:`MARCH_TARGETS`), so that its branches run on this CPU (``make test-isa``). Where it cannot be built (no compiler) the executor keeps
 the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. Builds that no process
 has loaded for 30 days are removed when another one loads (:func:`prune`). They never change a
 number, only the time (the learner's attention kernel aside: it runs where ``train.learner_attention=kernel`` asks,
@@ -67,6 +68,14 @@ import torch
 _CSRC = Path(__file__).with_name("csrc")
 _SRC = _CSRC / "kernels.cpp"  # includes every header of _CSRC
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
+
+# The lower CPU classes the kernels can be built for instead of the host's own (``INTERQ_KERNELS_MARCH``), so that
+# their ``#if`` branches run, and are tested, on a CPU of a higher class: gcc's ``-march`` target -> the
+# /proc/cpuinfo flags it compiles for (the host must have every one of them; the build then sees only these).
+_V2 = frozenset({"sse4_1", "sse4_2", "ssse3", "popcnt"})
+_V3 = _V2 | {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+MARCH_TARGETS = {"x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4, "cascadelake": _V4 | {"avx512_vnni"}}
 _LOCK = threading.Lock()
 _STATE: dict = {"module": None, "tried": False, "reason": "not loaded yet", "build_s": None, "name": None}
 
@@ -80,18 +89,52 @@ _ENABLED = {"value": _switch_on()}
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return " ".join(sorted(f for f in line.split(":", 1)[1].split()
-                                       if f.startswith(("avx", "sse", "fma", "f16c", "amx", "bmi"))))
-    except OSError:
-        pass
+    flags = _host_flags()
+    if flags:
+        return " ".join(sorted(f for f in flags if f.startswith(("avx", "sse", "fma", "f16c", "amx", "bmi"))))
     return torch.backends.cpu.get_cpu_capability()
 
 
+def march() -> str:
+    """The CPU class the kernels are built for: ``native`` (the host's, the default) or a key of
+    :data:`MARCH_TARGETS` (``INTERQ_KERNELS_MARCH``)."""
+    from interq import switches
+
+    return switches.value("INTERQ_KERNELS_MARCH")
+
+
+def _host_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def isa_flags() -> set[str]:
+    """The CPU's /proc/cpuinfo flags as the kernels' build sees them: the host's, or under ``INTERQ_KERNELS_MARCH``
+    those of its target (what a CPU of that class would report of the instruction sets the kernels look at)."""
+    target = march()
+    return _host_flags() if target == "native" else set(MARCH_TARGETS[target])
+
+
+def _march_refused() -> str | None:
+    """Why the build's target cannot run on this CPU (None: it can)."""
+    target = march()
+    if target == "native":
+        return None
+    missing = sorted(MARCH_TARGETS[target] - _host_flags())
+    if missing:
+        return (f"INTERQ_KERNELS_MARCH={target} needs CPU flags this CPU does not have ({', '.join(missing)}); "
+                f"accepted here: native or one whose flags it has")
+    return None
+
+
 def _flags(openmp: bool) -> list[str]:
-    return _FLAGS if openmp else [f for f in _FLAGS if f != "-fopenmp"]
+    flags = [f"-march={march()}" if f == "-march=native" else f for f in _FLAGS]
+    return flags if openmp else [f for f in flags if f != "-fopenmp"]
 
 
 def build_name(openmp: bool = True) -> str:
@@ -240,6 +283,12 @@ def load(verbose: bool = False):
             return _STATE["module"]
         t0 = time.perf_counter()
         failed = []
+        refused = _march_refused()
+        if refused is not None:  # a build for a class above this CPU's would fault on its first instruction
+            _STATE.update(tried=True, module=None, reason=refused)
+            print(f"[interq] the CPU kernels are not built: {refused}; the eager ops run (the same numbers, slower)",
+                  file=sys.stderr, flush=True)
+            return None
         unusable = _unusable_dir()
         if unusable is not None:  # said once per process; the eager ops run (the same numbers, slower)
             _STATE.update(tried=True, module=None, reason=f"INTERQ_KERNELS_DIR={kernels_dir()}: {unusable}")
@@ -282,9 +331,9 @@ def offers(flag: str, missing: str) -> tuple[bool, str]:
 
 
 def status() -> dict:
-    """What a benchmark records: whether the kernels are on, loaded, and why not."""
+    """What a benchmark records: whether the kernels are on, loaded, and why not, and the class they are built for."""
     return {"enabled": _ENABLED["value"], "loaded": _STATE["module"] is not None, "reason": _STATE["reason"],
-            "name": _STATE["name"], "load_s": _STATE["build_s"]}
+            "name": _STATE["name"], "load_s": _STATE["build_s"], "march": march()}
 
 
 def main() -> int:
