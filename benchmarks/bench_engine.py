@@ -12,7 +12,7 @@ generate the same number of tokens. ``generate`` gets the whole history as its p
 loop built on ``generate`` does); the engine prefills only the new observation tokens.
 
 The bf16 engine runs what the trainer's bf16 arm runs, ``make_executor(model, BF16_EXECUTOR)``: the model with its
-bf16 linears packed once for oneDNN where the CPU's bf16 GEMMs are oneDNN's (:mod:`interq.quant.packed_linear`; the
+bf16 linears packed once for oneDNN where the CPU's bf16 GEMMs are oneDNN's (:mod:`interq.kernels.packed_linear`; the
 same bits). ``--engine-model model`` gives the engine the plain model instead (what ``generate`` runs: the engine's
 cache alone against ``generate``; before 2026-12-03 the engine always ran the plain model).
 

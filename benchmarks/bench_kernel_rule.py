@@ -137,7 +137,7 @@ def patch_off(piece: str) -> None:
 
     # the modules themselves (interq.quant re-exports functions under some module names, e.g. ``aligned``)
     kernels, L, P, R, AL, PL = (import_module(f"interq.{m}") for m in (
-        "kernels", "quant.linear", "quant.primitives", "quant.rms_norm", "quant.aligned", "quant.packed_linear"))
+        "kernels", "quant.linear", "quant.primitives", "kernels.rms_norm", "quant.aligned", "kernels.packed_linear"))
 
     if piece == "int8_amx":
         resolve = L.resolve_int8_backend

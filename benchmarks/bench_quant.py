@@ -13,7 +13,7 @@ from a config):
     its bit-identical variants: unfused (one QuantLinear per linear), a cache keeping its dequantized copy, the
     ``torch._int_mm`` backend forced, the ``vnni`` backend on AMX CPUs (where ``auto`` is ``amx``),
     the executor without its fused CPU kernels (``interq.kernels``); W8A8 with a bf16 cache; the bf16
-    executor without its linears packed for oneDNN (``bf16_unpacked``, :mod:`interq.quant.packed_linear`; the ratios
+    executor without its linears packed for oneDNN (``bf16_unpacked``, :mod:`interq.kernels.packed_linear`; the ratios
     stay over the packed bf16 executor, the rollout's); optionally HF ``generate`` (``--hf-generate``);
   - KV bytes per token over bf16; weight-sync seconds.
 The header and the RESULT line record the machine (``machine``: ``interq.machine.machine_info()`` at the start,
@@ -274,7 +274,7 @@ def main() -> None:
         # bit-identical), the cache holding int8 codes dequantized on every read, or codes and a dequantized copy
         # (both bit-identical), the torch._int_mm backend forced (and the vnni one on AMX CPUs, where auto is amx;
         # fp32_exact where auto is avx2), the bf16 executor without its linears packed for oneDNN
-        # (interq.quant.packed_linear)
+        # (interq.kernels.packed_linear)
         variants = {
             "bf16_unpacked": lambda: (make_executor(learner, BF16_EXECUTOR, pack_bf16=False), BF16_EXECUTOR),
             "w8a8_bf16kv": lambda: (make_executor(learner, QuantConfig(kv_format="none")), QuantConfig(kv_format="none")),

@@ -1,4 +1,4 @@
-"""PackedBf16Linear (interq.quant.packed_linear): the executors' bf16 linears with their weights packed once for
+"""PackedBf16Linear (interq.kernels.packed_linear): the executors' bf16 linears with their weights packed once for
 oneDNN or for interq's AMX-BF16 kernel, or for interq's AVX2 product on CPUs without native bf16, give F.linear's bits
 at every row count they take, follow weight writes, keep ties and parameter names, survive deepcopy, and leave the
 executors' outputs unchanged. Skipped where packing is not offered (a CPU without native bf16 where interq's kernels
@@ -12,8 +12,8 @@ from torch import nn
 
 from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor
 from interq import kernels
-from interq.quant import packed_linear
-from interq.quant.packed_linear import PACKED_MAX_M, PackedBf16Linear, pack_bf16_linears, packing_available
+from interq.kernels import packed_linear
+from interq.kernels.packed_linear import PACKED_MAX_M, PackedBf16Linear, pack_bf16_linears, packing_available
 from interq.quant.testing import perturb_and_sync, seeded_linear, tiny_causal_lm
 
 AVAILABLE, WHY = packing_available()
@@ -349,7 +349,7 @@ def test_an_executor_built_under_inference_mode_runs_and_equals_one_built_outsid
 def test_a_new_weight_parameter_is_packed_again():
     """A new Parameter put in place of the weight (its version counter may equal the old one's) is packed again:
     the module's output is F.linear's with the new weight."""
-    from interq.quant.packed_linear import PackedBf16Linear
+    from interq.kernels.packed_linear import PackedBf16Linear
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48, bias=False).bfloat16().requires_grad_(False)

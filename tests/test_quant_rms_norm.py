@@ -1,4 +1,4 @@
-"""FusedRMSNorm (interq.quant.rms_norm): the executors' RMSNorms in one kernel call give the eager modules' bits
+"""FusedRMSNorm (interq.kernels.rms_norm): the executors' RMSNorms in one kernel call give the eager modules' bits
 (torch's own summation order for every row length, inputs of wide magnitudes, any leading shape), keep parameter
 names and weight writes, leave autograd and other dtypes to the eager forward, and leave executors' outputs
 unchanged. Skipped where interq's CPU kernels do not load."""
@@ -13,7 +13,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from interq import kernels
 from interq.quant import BF16_EXECUTOR, QuantConfig, make_executor
-from interq.quant.rms_norm import FusedRMSNorm, fuse_rms_norms, sum_lanes
+from interq.kernels.rms_norm import FusedRMSNorm, fuse_rms_norms, sum_lanes
 from interq.quant.testing import perturb_and_sync, tiny_causal_lm
 
 LANES = sum_lanes()
@@ -137,6 +137,6 @@ def test_calls_with_nan_outputs_are_the_eager_modules_bits_too():
 
 
 def test_rows_too_long_for_one_threads_sum_are_not_fused():
-    from interq.quant.rms_norm import MAX_WIDTH
+    from interq.kernels.rms_norm import MAX_WIDTH
 
     assert FusedRMSNorm.from_norm(LlamaRMSNorm(MAX_WIDTH).to(torch.bfloat16)) is None

@@ -29,17 +29,17 @@ tests/test_quant_kernels.py):
   cache), the same values: the ``amx`` backend's whole linear where it applies (:func:`interq.quant.linear.whole_linear`)
 - ``torch_row_sums(x, lanes)`` / ``rms_norm_bf16(x, w, eps, lanes)``: torch's CPU float sum of each row in torch's own
   order (its vectors of ``lanes`` floats, accumulators and cascade), and transformers' Llama / Qwen RMSNorm of bf16
-  rows with that sum, bit for bit (:mod:`interq.quant.rms_norm`)
+  rows with that sum, bit for bit (:mod:`interq.kernels.rms_norm`)
 - ``bf16_linear_amx(x, packed, n, bias, kb)``: a bf16 linear by AMX-BF16 tiles in fp32, K in blocks of ``kb``
   chunks of 32, rounded once (``has_bf16_gemm_amx()``): ``F.linear``'s bits where oneDNN sums in that order, which
-  :mod:`interq.quant.packed_linear` checks on a probe per shape, row count and thread count before using it
+  :mod:`interq.kernels.packed_linear` checks on a probe per shape, row count and thread count before using it
 - ``flash_decode_amx(q, k, v, mask, scale)``: torch's CPU flash attention of bf16 decode problems ([B, H_kv, G, D]
   query rows over [B, H_kv, L, D] keys and values) in one call, bit for bit where oneDNN multiplies by AMX-BF16 tiles
   (AMX builds; 2 <= G <= 16, D a multiple of 32 up to 256; bool or bf16 masks: float32 masks are accepted but
   unverified against torch, which does not take them with a bf16 query): ``rollout.attention=sdpa_packed``'s decode
   where its probe agrees (:func:`interq.rollout.attention.flash_decode_matches`)
 - ``causal_attention_fwd(q, k, v, scale)`` / ``causal_attention_bwd(...)``: the learner's causal self-attention and
-  its gradient in fp32 (``train.learner_attention=kernel``, :mod:`interq.quant.causal_attention`): to rounding (every
+  its gradient in fp32 (``train.learner_attention=kernel``, :mod:`interq.kernels.causal_attention`): to rounding (every
   other kernel here is bit for bit its eager chain)
 
 The extension is compiled once per machine class with the C++ compiler torch's ``cpp_extension`` uses (about a

@@ -245,7 +245,7 @@ def aligned(model: nn.Module, qcfg: QuantConfig, cache_weights: bool = True):
                 m.forward = (lambda m: lambda h, i, w: aligned_experts_forward(m, qcfg, h, i, w, cache_weights))(m)
                 patched.append(m)
         if qcfg.quantizes_kv:
-            from interq.quant.causal_attention import NAME as LEARNER_KERNEL
+            from interq.kernels.causal_attention import NAME as LEARNER_KERNEL
 
             if old_attn not in ("sdpa", "eager", LEARNER_KERNEL):
                 raise NotImplementedError(f"aligned: attention implementation {old_attn!r} is not supported "

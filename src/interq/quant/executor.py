@@ -25,8 +25,8 @@ from interq import kernels
 from interq.quant import primitives as P
 from interq.quant.config import QuantConfig
 from interq.quant.kv_cache import make_kv_cache
-from interq.quant.packed_linear import pack_bf16_linears
-from interq.quant.rms_norm import fuse_rms_norms
+from interq.kernels.packed_linear import pack_bf16_linears
+from interq.kernels.rms_norm import fuse_rms_norms
 from interq.quant.linear import (FusedQuantLinear, FusedQuantSlice, QuantExperts, QuantLinear, can_fuse,
                                  is_fused_experts)
 
@@ -124,14 +124,14 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backen
     ``QuantLinear`` per linear.
 
     ``pack_bf16``: the linears that stay ``nn.Linear`` with bf16 weights (``lm_head``; every linear of a bf16
-    executor) become :class:`~interq.quant.packed_linear.PackedBf16Linear` where the CPU's bf16 GEMMs are oneDNN's:
+    executor) become :class:`~interq.kernels.packed_linear.PackedBf16Linear` where the CPU's bf16 GEMMs are oneDNN's:
     up to 256 rows, interq's AMX-BF16 kernel or the weight packed once for oneDNN instead of at every call; on CPUs
     without native bf16, at any row count, interq's AVX2 product with the sums of torch's own bf16 kernel there. Speed
     only: the same bits as ``F.linear`` (each shape, row count and thread count checked at its first call;
     ``F.linear`` where no product gives its bits).
 
     ``fuse_norms``: transformers' Llama / Qwen / Mistral RMSNorms with bf16 weights on the CPU become
-    :class:`~interq.quant.rms_norm.FusedRMSNorm`: one kernel call instead of eight eager ops. Speed only: the same
+    :class:`~interq.kernels.rms_norm.FusedRMSNorm`: one kernel call instead of eight eager ops. Speed only: the same
     bits (torch's own summation order; each module checked against its own output when replaced)."""
     qcfg = QuantConfig() if qcfg is None else qcfg
     if not isinstance(qcfg, QuantConfig):

@@ -76,10 +76,10 @@ def _int8_call(module: nn.Module, sizes: list[int]):
 
 def _bf16_call(module: nn.Module):
     """x [..., K] -> [[M, N]] (or None: the module's own forward is needed) by one call of the kernels' AMX-BF16 or
-    AVX2 product, for a :class:`~interq.quant.packed_linear.PackedBf16Linear` whose forward would make that same call
-    (:meth:`~interq.quant.packed_linear.PackedBf16Linear.product`); None for other modules."""
+    AVX2 product, for a :class:`~interq.kernels.packed_linear.PackedBf16Linear` whose forward would make that same call
+    (:meth:`~interq.kernels.packed_linear.PackedBf16Linear.product`); None for other modules."""
     from interq import kernels
-    from interq.quant.packed_linear import PackedBf16Linear, _amx_product, _avx2_product
+    from interq.kernels.packed_linear import PackedBf16Linear, _amx_product, _avx2_product
 
     mod = kernels.get()
     if type(module) is not PackedBf16Linear or mod is None or not hasattr(mod, "bf16_linear_amx"):
@@ -141,7 +141,7 @@ def _project(mods: list[nn.Module]):
 def _norm(norm: nn.Module):
     """x -> the norm's output: the fused RMSNorm's kernel called directly where its forward would call it."""
     from interq import kernels
-    from interq.quant.rms_norm import kernel_takes
+    from interq.kernels.rms_norm import kernel_takes
 
     forward, mod, fused = norm.forward, kernels.get(), _fused_norm(norm)
     if mod is None or fused is None:
@@ -166,7 +166,7 @@ def _qmax(module: nn.Module) -> int:
 
 def _fused_norm(norm: nn.Module):
     """(the module's parameters, eps, lanes) of a fused RMSNorm whose forward calls ``rms_norm_bf16``, else None."""
-    from interq.quant.rms_norm import FusedRMSNorm
+    from interq.kernels.rms_norm import FusedRMSNorm
 
     if (type(norm) is not FusedRMSNorm or norm.weight.dtype != torch.bfloat16 or norm.weight.device.type != "cpu"
             or _patched(norm)):

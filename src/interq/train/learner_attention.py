@@ -1,5 +1,5 @@
 """The learner's attention for the duration of a pass (``train.learner_attention``): ``sdpa`` (transformers' own)
-or ``kernel``, interq's causal fp32 CPU kernel (:mod:`interq.quant.causal_attention`: the attention function, its
+or ``kernel``, interq's causal fp32 CPU kernel (:mod:`interq.kernels.causal_attention`: the attention function, its
 gradient and which calls it takes; to rounding, not torch's bits).
 
 Inside :func:`interq.train.rl.learner_context` with ``attention='kernel'`` the model's attention implementation is
@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from interq.quant.causal_attention import NAME, causal_attention, kernel_attention, register, require_kernels
+from interq.kernels.causal_attention import NAME, causal_attention, kernel_attention, register, require_kernels
 
 __all__ = ["LEARNER_ATTENTIONS", "NAME", "causal_attention", "kernel_attention", "learner_attention"]
 

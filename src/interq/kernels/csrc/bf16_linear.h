@@ -5,7 +5,7 @@
 #include "int8_amx.h"
 
 // ------------------------------------------------------------------------------------------------------------------
-// bf16 x bf16 -> bf16 linear by AMX-BF16 tiles (interq.quant.packed_linear): F.linear's bits where oneDNN's are these.
+// bf16 x bf16 -> bf16 linear by AMX-BF16 tiles (interq.kernels.packed_linear): F.linear's bits where oneDNN's are these.
 //
 // out[m, n] = bf16(sum_k x[m, k] w[n, k] (+ bias[n])), the sum in fp32 tile accumulators, k in chunks of 32 (one
 // tdpbf16ps per 16 x 16 output tile and chunk, in k order), in K blocks of kb chunks (kb = 0: one block): each
@@ -13,7 +13,7 @@
 // where it splits K (which it does, or not, by the shape, the row count and the threads: the caller compares this
 // product with F.linear's on a probe and passes the kb that gives its bits, never assuming one). The bias is added
 // in fp32 to the total, which is rounded to bf16 by vcvtneps2bf16 (round to nearest even), as oneDNN does.
-// Weights packed by interq.quant.packed_linear.pack_bf16_amx: [ceil(N / 16), K / 2, 16, 2] bf16, one column block's
+// Weights packed by interq.kernels.packed_linear.pack_bf16_amx: [ceil(N / 16), K / 2, 16, 2] bf16, one column block's
 // 32 k (16 rows of 64 bytes: pairs of k for 16 columns) exactly an AMX weight tile. K a multiple of 32. The work is
 // split by amx_blocks, as int8_gemm_amx's;
 // K is never split over threads, so the result does not depend on the thread count. At decode sizes (16 rows,
@@ -140,7 +140,7 @@ torch::Tensor bf16_linear_amx(torch::Tensor x, torch::Tensor packed, int64_t n, 
 // outputs are computed 16 columns at a time (vectors across columns instead of across k): each slot's running sum is
 // one fused multiply-add per block as before, and the tree is evaluated leaf by leaf with a stack (a binary counter),
 // leaves taken in bit-reversed slot order, which is the order in which that tree pairs them. The weight is packed
-// (interq.quant.packed_linear.pack_bf16_avx2) as [ceil(N / 16), K, 16] bf16 with k in the order the slots consume
+// (interq.kernels.packed_linear.pack_bf16_avx2) as [ceil(N / 16), K, 16] bf16 with k in the order the slots consume
 // them; the input rows are permuted to the same order in fp32. Tiles of up to 6 rows x 16 columns (12 accumulators).
 // The caller's probe (product_choice) checks these bits against F.linear's before any use.
 

@@ -17,7 +17,7 @@
 //   int8_linear_avx2: quant_act_int8, int8_gemm_avx2 and epilogue in one call, the same values
 //   bf16_linear_amx: F.linear of bf16 by AMX-BF16 tiles, oneDNN's sums where the caller's probe says so
 //   bf16_linear_avx2: F.linear of bf16 where torch runs its reference kernel (no native bf16), its sums, 16 columns at once
-//   rms_norm_bf16:  transformers' Llama / Qwen RMSNorm of bf16 rows with torch's summation order (interq.quant.rms_norm)
+//   rms_norm_bf16:  transformers' Llama / Qwen RMSNorm of bf16 rows with torch's summation order (interq.kernels.rms_norm)
 //   flash_decode_amx: torch's CPU flash attention of bf16 decode rows (oneDNN's AMX-BF16 sums), in one call
 //   causal_attention_fwd / _bwd: NOT an eager chain's bits: the learner's causal GQA attention and its gradient,
 //                   fp32, for train.learner_attention=kernel

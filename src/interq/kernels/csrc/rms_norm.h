@@ -4,11 +4,11 @@
 #include "common.h"
 
 // ------------------------------------------------------------------------------------------------------------------
-// RMSNorm of bf16 rows as transformers' Llama / Qwen modules compute it eagerly, bit for bit (interq.quant.rms_norm):
+// RMSNorm of bf16 rows as transformers' Llama / Qwen modules compute it eagerly, bit for bit (interq.kernels.rms_norm):
 //   h = x.float(); var = (h * h).sum(-1) / n; r = 1 / sqrt(var + eps); out = bf16(w * bf16(h * r))
 // with torch's own summation order: its CPU sum of a contiguous row (SumKernel's vectorized inner sum) adds the row
 // as vectors of `lanes` floats (8 with torch 2.13 on x86, its AVX512 capability included: the sum kernel runs its
-// AVX2 build; the caller finds the width by test, interq.quant.rms_norm.sum_lanes), four running
+// AVX2 build; the caller finds the width by test, interq.kernels.rms_norm.sum_lanes), four running
 // accumulators side by side with a cascade of levels (row_sum / multi_row_sum), then the scalar tail, then the
 // lanes in order; rows shorter than one vector are summed as scalars the same way. Every other step is one IEEE
 // operation per element (torch.mean is sum then division on the CPU; torch.rsqrt is 1 / sqrt). Rows in parallel.
