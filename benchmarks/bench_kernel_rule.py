@@ -29,6 +29,12 @@ The last line is ``RESULT {json}``: ``ratios[piece][workload]`` = off/on, the se
 (``interq.machine.machine_info()`` at the start, ``load_avg_end`` at the end).
 
     nice -n 5 .venv/bin/python benchmarks/bench_kernel_rule.py [--rounds 2] [--pieces a,b] [--workloads study,...]
+
+A lower CPU class's pieces (the avx2 int8 backend, the learner attention's AVX2 branch) run on a higher CPU with the
+kernels built for it and torch, MKL and oneDNN capped to it; the caps are recorded in the result (``isa_caps``):
+
+    INTERQ_KERNELS_MARCH=x86-64-v3 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+        .venv/bin/python benchmarks/bench_kernel_rule.py --pieces all_kernels,int8_avx2 --workloads study
 """
 
 from __future__ import annotations
@@ -73,6 +79,8 @@ PIECES: dict[str, Piece] = {
     "int8_amx": Piece("the amx int8 backend: int8_linear_amx / int8_gemm_amx (int8 backend auto -> int_mm: "
                       "torch._int_mm; the activation-quant and epilogue kernels stay)",
                       ("int8_linear_amx", "int8_gemm_amx")),
+    "int8_avx2": Piece("the avx2 int8 backend: int8_gemm_avx2 / int8_linear_avx2 (int8 backend auto -> fp32_exact, "
+                       "what auto takes without it)", ("int8_gemm_avx2", "int8_linear_avx2")),
     "int8_whole_linear": Piece("int8_linear_amx's one call (whole_linear_kernel -> None: quant_act_int8, "
                                "int8_gemm_amx and epilogue called in turn)",
                                ("int8_linear_amx",)),
@@ -130,6 +138,14 @@ def timings(**timers: CpuTimer) -> dict:
             "sys_s": {k: t.system for k, t in timers.items()}}
 
 
+# what makes this machine run a lower CPU class's code (docs/executor.md, "CPU backends"): recorded with the result
+ISA_CAPS = ("INTERQ_KERNELS_MARCH", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
+def isa_caps() -> dict:
+    return {k: os.environ[k] for k in ISA_CAPS if os.environ.get(k)}
+
+
 def patch_off(piece: str) -> None:
     """Route ``piece`` to interq's own fallback for this process (the pieces with an environment switch or a config
     override need nothing here)."""
@@ -142,6 +158,9 @@ def patch_off(piece: str) -> None:
     if piece == "int8_amx":
         resolve = L.resolve_int8_backend
         L.resolve_int8_backend = lambda b, device=None: resolve("int_mm" if b == "auto" else b, device)
+    elif piece == "int8_avx2":
+        resolve = L.resolve_int8_backend
+        L.resolve_int8_backend = lambda b, device=None: resolve("fp32_exact" if b == "auto" else b, device)
     elif piece == "int8_whole_linear":
         L.whole_linear_kernel = lambda *a, **k: None
     elif piece == "quant_act_epilogue":
@@ -418,7 +437,7 @@ def main(argv=None) -> dict:
            "pieces": {n: PIECES[n].what for n in chosen}, "commit": commit,
            "settings": {k: getattr(args, k) for k in ("rounds", "study_reps", "smol_tasks", "smol_episodes",
                                                        "learner_episodes")},
-           "machine": {**info, "load_avg_end": load_avg()}}
+           "machine": {**info, "load_avg_end": load_avg(), "isa_caps": isa_caps()}}
     print("RESULT " + json.dumps(res))
     return res
 
