@@ -2,7 +2,10 @@
 # The kernels' code for lower CPU classes, run on this CPU: for each class below it that this CPU can execute, the
 # kernels are built for that class (INTERQ_KERNELS_MARCH) and the kernel and backend tests run against the build, with
 # torch's own vector code capped to match (ATEN_CPU_CAPABILITY). oneDNN is left at this CPU's level: capped below VNNI
-# its int8 GEMM saturates, which a real CPU of the lower class never asks of it (torch runs its own loop there).
+# its int8 GEMM saturates, which a real CPU of the lower class never asks of it (torch runs its own loop there), and
+# the tests that compare the int8 backends with torch._int_mm would be refused. For x86-64-v3 a second pass caps
+# oneDNN too (ONEDNN_MAX_CPU_ISA=AVX2): torch's bf16 GEMMs then take its own reference kernel, as on an AVX2 CPU,
+# and interq's AVX2 bf16 product is compared with it (tests/test_quant_packed_linear.py, which uses no int8 GEMM).
 #
 #   scripts/test_isa.sh [TARGET ...]      (default: x86-64-v2 x86-64-v3 x86-64-v4 cascadelake; `make test-isa`)
 set -uo pipefail
@@ -29,5 +32,10 @@ for t in "${targets[@]}"; do
   INTERQ_KERNELS_MARCH=$t ATEN_CPU_CAPABILITY=$aten $PY -m interq.kernels || { fail=1; continue; }
   INTERQ_KERNELS_MARCH=$t ATEN_CPU_CAPABILITY=$aten INTERQ_REQUIRE_ENGINES=1 OMP_NUM_THREADS=2 \
     $PY scripts/run_pytest.py -q -m "not verl" "${TESTS[@]}" || fail=1
+  if [ "$t" = x86-64-v3 ]; then
+    echo "== $t with oneDNN capped too (ONEDNN_MAX_CPU_ISA=AVX2): the AVX2 bf16 product against torch's own kernel"
+    INTERQ_KERNELS_MARCH=$t ATEN_CPU_CAPABILITY=$aten ONEDNN_MAX_CPU_ISA=AVX2 INTERQ_REQUIRE_ENGINES=1 \
+      OMP_NUM_THREADS=2 $PY scripts/run_pytest.py -q -m "not verl" tests/test_quant_packed_linear.py || fail=1
+  fi
 done
 exit $fail
