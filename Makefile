@@ -55,7 +55,7 @@ test-verl:
 # The kernels are built with -march=native, so a machine runs only its own class's branches of them. This runs the
 # others that this CPU can execute: the kernels built for each lower class (x86-64-v2, x86-64-v3 = AVX2, x86-64-v4 =
 # AVX-512, cascadelake = AVX-512 VNNI; INTERQ_KERNELS_MARCH) and the kernel and backend tests against each build
-# (scripts/test_isa.sh; about 3 minutes a class here, most of it the build).
+# (scripts/test_isa.sh: 3.5 minutes for the four classes on the 2-core Xeon, most of it building three of them).
 test-isa:
 	scripts/setup.sh $(TEST_EXTRAS)
 	scripts/test_isa.sh
