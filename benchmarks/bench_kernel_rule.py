@@ -90,6 +90,9 @@ PIECES: dict[str, Piece] = {
                       ("rms_norm_bf16",)),
     "bf16_linear_amx": Piece("bf16_linear_amx, the AMX-BF16 product of the executor's bf16 linears (lm_head here; "
                              "use_amx_product(False): F.linear)", ("bf16_linear_amx",)),
+    "bf16_linear_avx2": Piece("bf16_linear_avx2, interq's AVX2 bf16 product of the executor's bf16 linears, on CPUs "
+                              "without native bf16 (use_avx2_product(False): F.linear, torch's own bf16 kernel there)",
+                              ("bf16_linear_avx2",)),
     "sdpa_packed": Piece("the rollout's packed-GQA attention sdpa_packed, flash decode included (rollout.attention=sdpa: "
                          "transformers' sdpa, to rounding)", (), overrides=("rollout.attention=sdpa",),
                          parts=("study_rollout", "smol_rollout")),
@@ -180,6 +183,8 @@ def patch_off(piece: str) -> None:
         R.FusedRMSNorm.from_norm = classmethod(lambda cls, norm: None)
     elif piece == "bf16_linear_amx":
         PL.use_amx_product(False)
+    elif piece == "bf16_linear_avx2":
+        PL.use_avx2_product(False)
     elif piece == "learner_fake_quant":
         AL.fq_activation = lambda x, qcfg: P.fq_activation_ste(x, qcfg)
         AL.fq_kv = lambda t, qcfg: P.fq_kv_ste(t, qcfg)
