@@ -23,19 +23,18 @@ for t in "${targets[@]}"; do
     x86-64-v3) aten=avx2 ;;
     *) aten=avx512 ;;
   esac
-  refused=$(INTERQ_KERNELS_MARCH=$t $PY -c 'from interq import kernels; print(kernels._march_refused() or "")') || exit 1
+  export INTERQ_KERNELS_MARCH=$t ATEN_CPU_CAPABILITY=$aten INTERQ_REQUIRE_ENGINES=1 OMP_NUM_THREADS=2
+  refused=$($PY -c 'from interq import kernels; print(kernels._march_refused() or "")') || exit 1
   if [ -n "$refused" ]; then
     echo "== $t: skipped ($refused)"
     continue
   fi
   echo "== $t (ATEN_CPU_CAPABILITY=$aten)"
-  INTERQ_KERNELS_MARCH=$t ATEN_CPU_CAPABILITY=$aten $PY -m interq.kernels || { fail=1; continue; }
-  INTERQ_KERNELS_MARCH=$t ATEN_CPU_CAPABILITY=$aten INTERQ_REQUIRE_ENGINES=1 OMP_NUM_THREADS=2 \
-    $PY scripts/run_pytest.py -q -m "not verl" "${TESTS[@]}" || fail=1
+  $PY -m interq.kernels || { fail=1; continue; }
+  $PY scripts/run_pytest.py -q -m "not verl" "${TESTS[@]}" || fail=1
   if [ "$t" = x86-64-v3 ]; then
     echo "== $t with oneDNN capped too (ONEDNN_MAX_CPU_ISA=AVX2): the AVX2 bf16 product against torch's own kernel"
-    INTERQ_KERNELS_MARCH=$t ATEN_CPU_CAPABILITY=$aten ONEDNN_MAX_CPU_ISA=AVX2 INTERQ_REQUIRE_ENGINES=1 \
-      OMP_NUM_THREADS=2 $PY scripts/run_pytest.py -q -m "not verl" tests/test_quant_packed_linear.py || fail=1
+    ONEDNN_MAX_CPU_ISA=AVX2 $PY scripts/run_pytest.py -q -m "not verl" tests/test_quant_packed_linear.py || fail=1
   fi
 done
 exit $fail

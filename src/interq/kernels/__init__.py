@@ -47,11 +47,11 @@ minute; ``scripts/setup.sh`` does it ahead; by hand: ``python -m interq.kernels`
 (default ``~/.cache/interq/kernels``), under a name that hashes the sources, the torch version, the CPU's
 instruction-set flags (``-march=native``: a build is never loaded on a CPU it was not made for) and the virtual
 environment. ``INTERQ_KERNELS_MARCH`` builds them for a lower CPU class instead (``x86-64-v3``: AVX2 and FMA, ...;
-:data:`MARCH_TARGETS`), so that its branches run on this CPU (``make test-isa``). Where it cannot be built (no compiler) the executor keeps
-the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the kernels off. Builds that no process
-has loaded for 30 days are removed when another one loads (:func:`prune`). They never change a
-number, only the time (the learner's attention kernel aside: it runs where ``train.learner_attention=kernel`` asks,
-the default where the kernels build).
+:data:`MARCH_TARGETS`), so that its branches run on this CPU (``make test-isa``). Where it cannot be built (no
+compiler) the executor keeps the eager ops and says why in :func:`status`; ``INTERQ_CPU_KERNELS=0`` turns the
+kernels off. Builds that no process has loaded for 30 days are removed when another one loads (:func:`prune`). They
+never change a number, only the time (the learner's attention kernel aside: it runs where
+``train.learner_attention=kernel`` asks, the default where the kernels build).
 """
 
 from __future__ import annotations
@@ -328,6 +328,25 @@ def offers(flag: str, missing: str) -> tuple[bool, str]:
     if not getattr(mod, flag)():
         return False, missing
     return True, "available"
+
+
+def set_module(root, name: str, new) -> None:
+    """Put the module ``new`` at the dotted path ``name`` under ``root`` (an ``nn.Module``), in place of what was
+    there."""
+    parent, _, leaf = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, new)
+
+
+def replace_modules(model, make) -> int:
+    """Replace every submodule ``m`` of ``model`` for which ``make(m)`` gives a module (not None) by that module;
+    returns how many were replaced (the executor's packed bf16 linears and fused RMSNorms are put in place so)."""
+    n = 0
+    for name, mod in list(model.named_modules()):
+        new = make(mod)
+        if new is not None:
+            set_module(model, name, new)
+            n += 1
+    return n
 
 
 def status() -> dict:

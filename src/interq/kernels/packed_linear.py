@@ -353,12 +353,6 @@ class PackedBf16Linear(nn.Module):
 def pack_bf16_linears(model: nn.Module) -> int:
     """Replace every ``nn.Linear`` (exactly that class) of ``model`` with bf16 weights by a :class:`PackedBf16Linear`
     where :meth:`PackedBf16Linear.from_linear` allows; returns how many were replaced."""
-    n = 0
-    for name, mod in list(model.named_modules()):
-        if type(mod) is nn.Linear:
-            packed = PackedBf16Linear.from_linear(mod)
-            if packed is not None:
-                parent, _, leaf = name.rpartition(".")
-                setattr(model.get_submodule(parent) if parent else model, leaf, packed)
-                n += 1
-    return n
+    from interq import kernels
+
+    return kernels.replace_modules(model, lambda m: PackedBf16Linear.from_linear(m) if type(m) is nn.Linear else None)

@@ -110,12 +110,7 @@ class FusedRMSNorm(nn.Module):
 def fuse_rms_norms(model: nn.Module) -> int:
     """Replace every RMSNorm of :data:`NORM_CLASSES` in ``model`` by a :class:`FusedRMSNorm` where
     :meth:`FusedRMSNorm.from_norm` allows; returns how many were replaced."""
-    n = 0
-    for name, mod in list(model.named_modules()):
-        if type(mod).__name__ in NORM_CLASSES:
-            fused = FusedRMSNorm.from_norm(mod)
-            if fused is not None:
-                parent, _, leaf = name.rpartition(".")
-                setattr(model.get_submodule(parent) if parent else model, leaf, fused)
-                n += 1
-    return n
+    from interq import kernels
+
+    return kernels.replace_modules(model, lambda m: FusedRMSNorm.from_norm(m) if type(m).__name__ in NORM_CLASSES
+                                   else None)

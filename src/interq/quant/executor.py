@@ -92,11 +92,6 @@ def fusable_groups(linears: dict[str, nn.Linear], qcfg: QuantConfig) -> dict[str
     return out
 
 
-def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, leaf = name.rpartition(".")
-    setattr(root.get_submodule(parent) if parent else root, leaf, new)
-
-
 def _inject_cache_hook(module: nn.Module, args, kwargs):
     qcfg = module.interq_qcfg
     kwargs, name = with_cache(module, kwargs), cache_kwarg(module)  # a cache under either name: the one forward takes
@@ -156,15 +151,15 @@ def make_executor(model: nn.Module, qcfg: QuantConfig | None = None, int8_backen
             if hasattr(exe.get_submodule(parent) if parent else exe, leaf):
                 continue  # the name is taken: leave these linears unfused
             group = FusedQuantLinear(members, qcfg, {n: amaxes[n] for n in members}, int8_backend)
-            _set_module(exe, gname, group)
+            kernels.set_module(exe, gname, group)
             for i, n in enumerate(members):
-                _set_module(exe, n, FusedQuantSlice(group, i))
+                kernels.set_module(exe, n, FusedQuantSlice(group, i))
                 fused.add(n)
         for name, lin in linears.items():
             if name not in fused:
-                _set_module(exe, name, QuantLinear(lin, qcfg, amaxes[name], int8_backend))
+                kernels.set_module(exe, name, QuantLinear(lin, qcfg, amaxes[name], int8_backend))
         for name, ex in experts.items():
-            _set_module(exe, name, QuantExperts(ex, qcfg, int8_backend))
+            kernels.set_module(exe, name, QuantExperts(ex, qcfg, int8_backend))
     if pack_bf16:
         pack_bf16_linears(exe)
     if fuse_norms:
