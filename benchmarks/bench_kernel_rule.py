@@ -10,7 +10,8 @@ that the switches read at import time apply):
   (``study_learner``, ``--study-reps`` updates from the same weights), as ``benchmarks/bench_study_step.py`` builds them;
 - ``smol_rollout``: the quantized arm's multi-turn rollout on SmolLM2-135M (q-interq: W8A8-KV8 executor,
   ``model.source=smollm2 env.action_format=text``, the concatenated layout of ``scripts/rlstep.sh``):
-  ``--smol-tasks`` x ``--smol-episodes`` household episodes of step 1;
+  ``--smol-tasks`` x ``--smol-episodes`` household episodes of step 1 (``--smol-arm bf16``: the bf16 arm's rollout
+  instead, every linear in bf16);
 - ``smol_learner``: one q-interq learner update (aligned forward, concatenated layout) of SmolLM2 on the first
   ``--learner-episodes`` episodes of that rollout (the batch is made once, by the census, and loaded by each run).
 
@@ -258,12 +259,13 @@ def study_parts(args, overrides: list[str], counts: dict | None) -> dict:
 def smol_config(args, overrides: list[str]):
     from interq.train.experiments import arm_config
 
-    return arm_config("q-interq", [*SMOL_BASE, f"train.tasks_per_step={args.smol_tasks}",
+    return arm_config(args.smol_arm, [*SMOL_BASE, f"train.tasks_per_step={args.smol_tasks}",
                                    f"train.episodes_per_task={args.smol_episodes}", *overrides])
 
 
 def smol_rollout(args, overrides: list[str], counts: dict | None) -> dict:
-    """CPU seconds of the SmolLM2 W8A8-KV8 rollout of step 1; the census also saves the learner's batch."""
+    """CPU seconds of the SmolLM2 rollout of step 1 (``--smol-arm``'s executor); the census also saves the learner's
+    batch."""
     import torch
     from bench_study_step import rollout_setup  # a sibling script: benchmarks/ is on sys.path when run as one
 
@@ -328,7 +330,8 @@ def measure(args, workload: str, off: str | None, census: bool = False) -> dict:
             env.update(PIECES[name].env)
     cmd = [sys.executable, __file__, "--worker", workload, "--off", off or "none", "--batch", args.batch,
            "--study-reps", str(args.study_reps), "--smol-tasks", str(args.smol_tasks),
-           "--smol-episodes", str(args.smol_episodes), "--learner-episodes", str(args.learner_episodes)]
+           "--smol-episodes", str(args.smol_episodes), "--smol-arm", args.smol_arm,
+           "--learner-episodes", str(args.learner_episodes)]
     if census:
         cmd.append("--census")
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -359,6 +362,8 @@ def main(argv=None) -> dict:
     p.add_argument("--study-reps", type=int, default=2)
     p.add_argument("--smol-tasks", type=int, default=1)
     p.add_argument("--smol-episodes", type=int, default=4)
+    p.add_argument("--smol-arm", choices=("q-interq", "bf16"), default="q-interq",
+                   help="the SmolLM2 workloads' arm: q-interq (W8A8-KV8 executor) or bf16")
     p.add_argument("--learner-episodes", type=int, default=1)
     p.add_argument("--batch", default="runs/bench_kernel_rule/smol_batch.pt", help="the SmolLM2 learner's batch")
     p.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
@@ -441,7 +446,7 @@ def main(argv=None) -> dict:
            "ratios_per_round": per_round, "on_median": on_s, "census": census, "sizes": sizes,
            "pieces": {n: PIECES[n].what for n in chosen}, "commit": commit,
            "settings": {k: getattr(args, k) for k in ("rounds", "study_reps", "smol_tasks", "smol_episodes",
-                                                       "learner_episodes")},
+                                                       "smol_arm", "learner_episodes")},
            "machine": {**info, "load_avg_end": load_avg(), "isa_caps": isa_caps()}}
     print("RESULT " + json.dumps(res))
     return res
