@@ -31,11 +31,14 @@ The last line is ``RESULT {json}``: ``ratios[piece][workload]`` = off/on, the se
 
     nice -n 5 .venv/bin/python benchmarks/bench_kernel_rule.py [--rounds 2] [--pieces a,b] [--workloads study,...]
 
-A lower CPU class's pieces (the avx2 int8 backend, the learner attention's AVX2 branch) run on a higher CPU with the
-kernels built for it and torch, MKL and oneDNN capped to it; the caps are recorded in the result (``isa_caps``):
+A lower CPU class's pieces (the avx2 int8 backend, the learner attention's AVX2 branch; the vnni int8 backend of an
+AVX-512 VNNI CPU without native bf16) run on a higher CPU with the kernels built for it and torch, MKL and oneDNN
+capped to it; the caps are recorded in the result (``isa_caps``):
 
     INTERQ_KERNELS_MARCH=x86-64-v3 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
         .venv/bin/python benchmarks/bench_kernel_rule.py --pieces all_kernels,int8_avx2 --workloads study
+    INTERQ_KERNELS_MARCH=cascadelake ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX512_E1 \
+        ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI .venv/bin/python benchmarks/bench_kernel_rule.py --pieces all_kernels,int8_vnni
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ PIECES: dict[str, Piece] = {
     "int8_amx": Piece("the amx int8 backend: int8_linear_amx / int8_gemm_amx (int8 backend auto -> int_mm: "
                       "torch._int_mm; the activation-quant and epilogue kernels stay)",
                       ("int8_linear_amx", "int8_gemm_amx")),
+    "int8_vnni": Piece("the vnni int8 backend: int8_gemm_vnni for decode-sized GEMMs (int8 backend auto -> int_mm: "
+                       "torch._int_mm, which the vnni backend calls above VNNI_MAX_M rows anyway)", ("int8_gemm_vnni",)),
     "int8_avx2": Piece("the avx2 int8 backend: int8_gemm_avx2 / int8_linear_avx2 (int8 backend auto -> fp32_exact, "
                        "what auto takes without it)", ("int8_gemm_avx2", "int8_linear_avx2")),
     "int8_whole_linear": Piece("int8_linear_amx's one call (whole_linear_kernel -> None: quant_act_int8, "
@@ -160,6 +165,9 @@ def patch_off(piece: str) -> None:
         "kernels", "quant.linear", "quant.primitives", "kernels.rms_norm", "quant.aligned", "kernels.packed_linear"))
 
     if piece == "int8_amx":
+        resolve = L.resolve_int8_backend
+        L.resolve_int8_backend = lambda b, device=None: resolve("int_mm" if b == "auto" else b, device)
+    elif piece == "int8_vnni":
         resolve = L.resolve_int8_backend
         L.resolve_int8_backend = lambda b, device=None: resolve("int_mm" if b == "auto" else b, device)
     elif piece == "int8_avx2":
