@@ -221,3 +221,20 @@ def test_budget_trend_fits_success_against_log_budget_over_common_seeds():
     # fewer than three finite budgets: no trend; nothing printed
     assert budget_trend({a: runs[a] for a in ("q-interq", "q-interq-B10", "q-interq-Binf")}, seeds, 1.0) is None
     assert budget_trend_line(None) == ""
+
+
+def test_paired_differences_compare_the_two_existing_fixes():
+    """Alignment and token-level TIS, the two fixes InterQ is measured against, are also compared with each other
+    (alignment minus TIS), beside the pairs against q-interq and bf16."""
+    from interq.train.experiments import paired_differences
+
+    def run(final):
+        return [{"step": 0, "eval/success": 0.5, "eval/outcomes": "0101"},
+                {"step": 10, "eval/success": final.count("1") / 4, "eval/outcomes": final}]
+
+    runs = {"q-tis": [run("1110"), run("1100")], "q-align": [run("1000"), run("1100")],
+            "q-interq": [run("1111"), run("1110")]}
+    out = paired_differences(runs, {a: [0, 1] for a in runs})
+    assert set(out) == {"q-interq - q-tis", "q-interq - q-align", "q-align - q-tis"}
+    assert out["q-align - q-tis"]["per_seed"] == [pytest.approx(-0.5), pytest.approx(0.0)]
+    assert out["q-align - q-tis"]["diff"] == pytest.approx(-0.25)
