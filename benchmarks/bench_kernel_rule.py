@@ -38,7 +38,8 @@ capped to it; the caps are recorded in the result (``isa_caps``):
     INTERQ_KERNELS_MARCH=x86-64-v3 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
         .venv/bin/python benchmarks/bench_kernel_rule.py --pieces all_kernels,int8_avx2 --workloads study
     INTERQ_KERNELS_MARCH=cascadelake ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX512_E1 \
-        ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI .venv/bin/python benchmarks/bench_kernel_rule.py --pieces all_kernels,int8_vnni
+        ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI .venv/bin/python benchmarks/bench_kernel_rule.py \
+        --pieces all_kernels,int8_vnni
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ PIECES: dict[str, Piece] = {
                       "torch._int_mm; the activation-quant and epilogue kernels stay)",
                       ("int8_linear_amx", "int8_gemm_amx")),
     "int8_vnni": Piece("the vnni int8 backend: int8_gemm_vnni for decode-sized GEMMs (int8 backend auto -> int_mm: "
-                       "torch._int_mm, which the vnni backend calls above VNNI_MAX_M rows anyway)", ("int8_gemm_vnni",)),
+                       "torch._int_mm, which the vnni backend calls above VNNI_MAX_M rows anyway)",
+                       ("int8_gemm_vnni",)),
     "int8_avx2": Piece("the avx2 int8 backend: int8_gemm_avx2 / int8_linear_avx2 (int8 backend auto -> fp32_exact, "
                        "what auto takes without it)", ("int8_gemm_avx2", "int8_linear_avx2")),
     "int8_whole_linear": Piece("int8_linear_amx's one call (whole_linear_kernel -> None: quant_act_int8, "
@@ -155,6 +157,10 @@ def isa_caps() -> dict:
     return {k: os.environ[k] for k in ISA_CAPS if os.environ.get(k)}
 
 
+# the int8 backend pieces and what ``auto`` resolves to with each one off
+INT8_INSTEAD = {"int8_amx": "int_mm", "int8_vnni": "int_mm", "int8_avx2": "fp32_exact"}
+
+
 def patch_off(piece: str) -> None:
     """Route ``piece`` to interq's own fallback for this process (the pieces with an environment switch or a config
     override need nothing here)."""
@@ -164,15 +170,9 @@ def patch_off(piece: str) -> None:
     kernels, L, P, R, AL, PL = (import_module(f"interq.{m}") for m in (
         "kernels", "quant.linear", "quant.primitives", "kernels.rms_norm", "quant.aligned", "kernels.packed_linear"))
 
-    if piece == "int8_amx":
-        resolve = L.resolve_int8_backend
-        L.resolve_int8_backend = lambda b, device=None: resolve("int_mm" if b == "auto" else b, device)
-    elif piece == "int8_vnni":
-        resolve = L.resolve_int8_backend
-        L.resolve_int8_backend = lambda b, device=None: resolve("int_mm" if b == "auto" else b, device)
-    elif piece == "int8_avx2":
-        resolve = L.resolve_int8_backend
-        L.resolve_int8_backend = lambda b, device=None: resolve("fp32_exact" if b == "auto" else b, device)
+    if piece in INT8_INSTEAD:  # an int8 backend off: auto takes the backend it would without it
+        resolve, instead = L.resolve_int8_backend, INT8_INSTEAD[piece]
+        L.resolve_int8_backend = lambda b, device=None: resolve(instead if b == "auto" else b, device)
     elif piece == "int8_whole_linear":
         L.whole_linear_kernel = lambda *a, **k: None
     elif piece == "quant_act_epilogue":

@@ -177,14 +177,16 @@ def test_compare_and_demo_refuse_runs_without_held_out_evaluation(tmp_path, caps
         assert not (tmp_path / "warm_start").exists()
 
 
+def _run(final: str) -> list[dict]:
+    """Records of a finished run: held-out outcomes ``final`` (one character per episode) at step 10, after 0101."""
+    return [{"step": 0, "eval/success": 0.5, "eval/outcomes": "0101"},
+            {"step": 10, "eval/success": final.count("1") / 4, "eval/outcomes": final}]
+
+
 def test_paired_differences_use_the_seeds_both_arms_have():
     from interq.train.experiments import paired_differences, paired_table
 
-    def run(final):  # records of a finished run: held-out outcomes at steps 0 and 10
-        return [{"step": 0, "eval/success": 0.5, "eval/outcomes": "0101"},
-                {"step": 10, "eval/success": final.count("1") / 4, "eval/outcomes": final}]
-
-    runs = {"bf16": [run("1111"), run("1110"), run("1100")], "q-interq": [run("1100"), run("0000")]}
+    runs = {"bf16": [_run("1111"), _run("1110"), _run("1100")], "q-interq": [_run("1100"), _run("0000")]}
     # q-interq has seeds 0 and 2 (seed 1 unfinished): paired with bf16's seeds 0 and 2, not its first two runs
     out = paired_differences(runs, {"bf16": [0, 1, 2], "q-interq": [0, 2]})
     d = out["q-interq - bf16"]
@@ -202,13 +204,9 @@ def test_paired_differences_use_the_seeds_both_arms_have():
 def test_budget_trend_fits_success_against_log_budget_over_common_seeds():
     from interq.train.experiments import budget_trend, budget_trend_line
 
-    def run(final):  # records of a finished run: held-out outcomes at steps 0 and 10
-        return [{"step": 0, "eval/success": 0.5, "eval/outcomes": "0101"},
-                {"step": 10, "eval/success": final.count("1") / 4, "eval/outcomes": final}]
-
-    runs = {"q-interq-B0.1": [run("1000"), run("0000")], "q-interq": [run("1100"), run("1000")],  # q-interq: B = 1
-            "q-interq-B10": [run("1110"), run("1100")], "q-interq-B100": [run("1111"), run("1110"), run("1111")],
-            "q-interq-Binf": [run("0000"), run("0000")], "bf16": [run("1111"), run("1111")]}
+    runs = {"q-interq-B0.1": [_run("1000"), _run("0000")], "q-interq": [_run("1100"), _run("1000")],  # q-interq: B = 1
+            "q-interq-B10": [_run("1110"), _run("1100")], "q-interq-B100": [_run("1111"), _run("1110"), _run("1111")],
+            "q-interq-Binf": [_run("0000"), _run("0000")], "bf16": [_run("1111"), _run("1111")]}
     seeds = {"q-interq-B0.1": [0, 1], "q-interq": [0, 1], "q-interq-B10": [0, 1], "q-interq-B100": [0, 1, 2],
              "q-interq-Binf": [0, 1], "bf16": [0, 1]}
     t = budget_trend(runs, seeds, base_budget=1.0)
@@ -228,12 +226,8 @@ def test_paired_differences_compare_the_two_existing_fixes():
     (alignment minus TIS), beside the pairs against q-interq and bf16."""
     from interq.train.experiments import paired_differences
 
-    def run(final):
-        return [{"step": 0, "eval/success": 0.5, "eval/outcomes": "0101"},
-                {"step": 10, "eval/success": final.count("1") / 4, "eval/outcomes": final}]
-
-    runs = {"q-tis": [run("1110"), run("1100")], "q-align": [run("1000"), run("1100")],
-            "q-interq": [run("1111"), run("1110")]}
+    runs = {"q-tis": [_run("1110"), _run("1100")], "q-align": [_run("1000"), _run("1100")],
+            "q-interq": [_run("1111"), _run("1110")]}
     out = paired_differences(runs, {a: [0, 1] for a in runs})
     assert set(out) == {"q-interq - q-tis", "q-interq - q-align", "q-align - q-tis"}
     assert out["q-align - q-tis"]["per_seed"] == [pytest.approx(-0.5), pytest.approx(0.0)]
