@@ -137,6 +137,13 @@ def test_compare_regimes_budgets_and_a_partial_report(tmp_path, capsys):
     assert "Runs not finished" in (tmp_path / "compare.md").read_text() and "| q-interq-s0 | 0/1 |" in out
 
 
+@pytest.mark.parametrize("value", ["0", "1.5"])
+def test_compare_rejects_a_target_mde_outside_zero_to_one_before_any_work(tmp_path, capsys, value):
+    assert main(["compare", "--out", str(tmp_path), "--target-mde", value, *TOY]) == 2
+    assert "--target-mde" in capsys.readouterr().err
+    assert not (tmp_path / "warm_start").exists()
+
+
 def test_compare_rejects_an_unknown_regime_before_any_work(tmp_path, capsys):
     import pytest
 
@@ -195,6 +202,8 @@ def test_paired_differences_use_the_seeds_both_arms_have():
     assert d["per_seed"] == [pytest.approx(-0.5), pytest.approx(-0.5)]  # seed 0: 1100 vs 1111, seed 2: 0000 vs 1100
     assert d["ci95_seeds_and_tasks"][0] <= d["diff"] <= d["ci95_seeds_and_tasks"][1]
     assert "(seeds 0, 2)" in paired_table(out) and "-0.500 / -0.500" in paired_table(out)
+    # the same difference in both seeds: no spread, so the fewest seeds a t test can use reach any target MDE
+    assert d["seeds_for_mde"] == 2 and "| seeds for MDE 0.03 |" in paired_table(out)
     # without seeds: paired by position, which needs as many runs in both arms
     assert paired_differences(runs) == {}
     # no seed in common: no pair

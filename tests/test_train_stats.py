@@ -8,6 +8,7 @@ import pytest
 import itertools
 
 from interq.train.stats import (linear_trend, minimum_detectable_effect, paired_difference, paired_difference_over_seeds,
+                                seeds_for_mde,
                                 paired_t_over_seeds, regularized_beta, sample_std, seed_interval, sign_flip_test,
                                 stratified_permutation_test, student_t_cdf, student_t_quantile, wilson_interval)
 
@@ -197,6 +198,27 @@ def test_mde_shrinks_with_seeds_as_t_quantiles_say():
     assert mdes == sorted(mdes, reverse=True)
     assert mdes[1] == pytest.approx((2.7764 + 0.9410) * sd / math.sqrt(5), abs=1e-4)
     assert math.isnan(minimum_detectable_effect(math.nan, 4))
+
+
+def test_seeds_for_mde_is_the_first_seed_count_whose_mde_fits():
+    def naive(sd, target):
+        s = 2
+        while (minimum_detectable_effect(sd / math.sqrt(s), s - 1)) > target:
+            s += 1
+        return s
+
+    for sd in (0.0, 0.01, 0.029, 0.04, 0.056, 0.12):
+        assert seeds_for_mde(sd, 0.03) == naive(sd, 0.03)
+    # closed form at the boundary, SD 0.04: 16 seeds give (2.1314 + 0.8662) * 0.04 / sqrt(16) = 0.02998 <= 0.03,
+    # 15 give (2.1448 + 0.8681) * 0.04 / sqrt(15) = 0.0311 > 0.03
+    assert (2.1314 + 0.8662) * 0.04 / 4 <= 0.03 < (2.1448 + 0.8681) * 0.04 / math.sqrt(15)
+    assert seeds_for_mde(0.04, 0.03) == 16
+    # a larger spread or a smaller target needs more seeds; no spread needs the fewest a t test can use
+    assert seeds_for_mde(0.056, 0.03) > seeds_for_mde(0.04, 0.03) < seeds_for_mde(0.04, 0.02)
+    assert seeds_for_mde(0.0, 0.03) == 2
+    assert seeds_for_mde(math.nan, 0.03) is None and seeds_for_mde(1.0, 1e-4, max_seeds=100) is None
+    with pytest.raises(ValueError, match="target"):
+        seeds_for_mde(0.04, 0.0)
 
 
 def test_stratified_permutation_test_exact_count():

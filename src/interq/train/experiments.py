@@ -371,12 +371,16 @@ PAIRS = (("q-interq", "q-tis"), ("q-interq", "q-align"), ("q-interq", "bf16"), (
          ("q-tis", "bf16"), ("q-naive", "bf16"), ("q-align", "q-tis"))
 
 
-def paired_differences(runs: dict, seeds: dict | None = None) -> dict:
+TARGET_MDE = 0.03  # the paired difference a decisive study should detect: 3 points of held-out success
+
+
+def paired_differences(runs: dict, seeds: dict | None = None, target_mde: float = TARGET_MDE) -> dict:
     """``"A - B" -> {"diff", "ci95", ...}`` for the pairs of :data:`PAIRS` and every other arm against q-interq, over
     the seeds both arms have (``seeds[arm]``: the seed of each of ``runs[arm]``, in order; without it, runs are
     paired by position and both arms need as many), with per-episode outcomes of the same final step (episode i is
-    the same task and sampling seed in every arm, :func:`interq.train.rl.evaluate`)."""
-    from interq.train.stats import paired_difference, paired_difference_over_seeds, paired_t_over_seeds
+    the same task and sampling seed in every arm, :func:`interq.train.rl.evaluate`). ``seeds_for_mde``: the seeds
+    the pair would need for an MDE of ``target_mde`` at the between-seed SD seen so far (None below 2 seeds)."""
+    from interq.train.stats import paired_difference, paired_difference_over_seeds, paired_t_over_seeds, seeds_for_mde
 
     pairs = list(PAIRS) + [(a, "q-interq") for a in runs if a not in {x for pr in PAIRS for x in pr}]
     out = {}
@@ -393,6 +397,7 @@ def paired_differences(runs: dict, seeds: dict | None = None) -> dict:
                              "ci95_seeds_and_tasks": [round(x, 4) for x in over["ci95"]],
                              "ci95_paired_t": _rounded(t["ci95"]), "p_sign_flip": round(t["p_sign_flip"], 4),
                              "p_t": _rounded(t["p_t"]), "mde": _rounded(t["mde"]),
+                             "seeds_for_mde": seeds_for_mde(t["sd"], target_mde) if t["n_seeds"] >= 2 else None,
                              "per_seed": [round(x, 4) for x in over["per_seed"]],
                              "seeds": res["n_seeds"], "episodes": res["n_episodes"]}
         if common is not None:
@@ -485,7 +490,7 @@ def markdown_table(summary: dict, threshold: float) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def paired_table(paired: dict) -> str:
+def paired_table(paired: dict, target_mde: float = TARGET_MDE) -> str:
     if not paired:
         return ""
     def interval(ci):
@@ -502,16 +507,21 @@ def paired_table(paired: dict) -> str:
     def p(x):
         return "n/a" if x is None else f"{x:.3f}"
 
+    def need(v):
+        n = v.get("seeds_for_mde")
+        return "n/a" if n is None else str(n)
+
     rows = [f"| {k} | {v['diff']:+.3f} | {interval(v.get('ci95_paired_t'))} | {p(v.get('p_sign_flip'))} | "
-            f"{p(v.get('mde'))} | {verdict(v)} | {interval(v.get('ci95_seeds_and_tasks'))} | {interval(v['ci95'])} | "
+            f"{p(v.get('mde'))} | {need(v)} | {verdict(v)} | {interval(v.get('ci95_seeds_and_tasks'))} | {interval(v['ci95'])} | "
             + (" / ".join(f"{x:+.3f}" for x in v["per_seed"]) if v.get("per_seed") else "n/a")
             + f" | {v['seeds']} x {v['episodes']}"
             + (f" (seed{'s' if len(v['seed_ids']) > 1 else ''} {', '.join(map(str, v['seed_ids']))})"
                if "seed_ids" in v else "") + " |"
             for k, v in paired.items()]
     return ("| paired difference (final held-out success) | mean | 95% CI (paired t over seeds) | sign-flip p (exact) | "
-            "MDE (80% power) | verdict | 95% CI (seeds and tasks bootstrap) | 95% CI (tasks only) | per seed | "
-            "seeds x episodes |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+            f"MDE (80% power) | seeds for MDE {target_mde:g} | verdict | 95% CI (seeds and tasks bootstrap) | "
+            "95% CI (tasks only) | per seed | seeds x episodes |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+            + "\n".join(rows) + "\n")
 
 
 def budget_trend(runs: dict, seeds: dict | None, base_budget: float) -> dict | None:
@@ -792,6 +802,9 @@ def compare_main(argv: list[str]) -> int:
                    "(default: natural); a regime changes only the quantized arms, bf16 runs once")
     p.add_argument("--seeds", default="0,1", help="comma-separated RL seeds (default: 0,1)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time, one process each (default: 1)")
+    p.add_argument("--target-mde", type=float, default=TARGET_MDE, help="the paired difference of final held-out "
+                   "success the study should detect at 80%% power: the report says how many seeds each pair needs for "
+                   f"it at the seed-to-seed spread seen so far (default: {TARGET_MDE})")
     p.add_argument("--report-only", action="store_true", help="train nothing: tabulate what the run directories "
                    "hold now (partial runs are marked by their final step; runs of an older numerics version are "
                    "read and named)")
@@ -821,6 +834,10 @@ def compare_main(argv: list[str]) -> int:
     if args.jobs < 1:
         print(f"interq compare: --jobs={args.jobs}: expected an integer >= 1", file=sys.stderr)
         return 2
+    if not 0.0 < args.target_mde < 1.0:
+        print(f"interq compare: --target-mde={args.target_mde}: expected a difference of success between 0 and 1",
+              file=sys.stderr)
+        return 2
     regimes = _csv(args.regimes)
     out = Path(args.out)
     overrides = SETTINGS["none" if args.no_demo_defaults else args.setting] + list(args.overrides)
@@ -848,13 +865,13 @@ def compare_main(argv: list[str]) -> int:
                   + ".\n")
         print(md[-1])
     result = {"total_wall_s": round(time.perf_counter() - t0, 1), "seeds": seeds, "partial": bool(missing),
-              "regimes": {}, "paired": {}}
+              "regimes": {}, "paired": {}, "target_mde": args.target_mde}
     if older:
         result["older_numerics"] = {n: older[n] for n in sorted(older)}
     dump = {"regimes": {}, "paired": {}, "accumulation": {}, "progress": res["progress"]}
     for regime, runs in res["by_regime"].items():
         summary = summarize(runs, args.threshold)
-        paired = paired_differences(runs, res["seeds"].get(regime))
+        paired = paired_differences(runs, res["seeds"].get(regime), args.target_mde)
         sfx = "" if regimes == ["natural"] else f"_{regime}"
         plot_curves(runs, out / f"curves{sfx}.png", f"compare ({regime})")
         curves = plot_mismatch(runs, out / f"mismatch{sfx}.png", budget)
@@ -862,9 +879,9 @@ def compare_main(argv: list[str]) -> int:
         trend = budget_trend(runs, res["seeds"].get(regime), budget)
         contrast = pooled_contrast(runs, res["seeds"].get(regime))
         md += [f"## Regime `{regime}`: {' '.join(REGIMES[regime]) or 'the arms as configured (W8A8-KV8)'}\n", table,
-               paired_table(paired), pooled_contrast_line(contrast), budget_trend_line(trend),
+               paired_table(paired, args.target_mde), pooled_contrast_line(contrast), budget_trend_line(trend),
                f"![curves](curves{sfx}.png)\n![mismatch](mismatch{sfx}.png)\n"]
-        print(f"regime {regime}\n{table}{paired_table(paired)}{pooled_contrast_line(contrast)}{budget_trend_line(trend)}")
+        print(f"regime {regime}\n{table}{paired_table(paired, args.target_mde)}{pooled_contrast_line(contrast)}{budget_trend_line(trend)}")
         if contrast:
             result.setdefault("pooled", {})[regime] = contrast
         dump["regimes"][regime], dump["paired"][regime], dump["accumulation"][regime] = summary, paired, curves

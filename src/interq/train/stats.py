@@ -216,6 +216,29 @@ def minimum_detectable_effect(se: float, df: float, *, alpha: float = 0.05, powe
     return (student_t_quantile(1.0 - alpha / 2.0, df) + student_t_quantile(power, df)) * se
 
 
+def seeds_for_mde(sd: float, target: float, *, alpha: float = 0.05, power: float = 0.8,
+                  max_seeds: int = 10_000) -> int | None:
+    """How many seeds a paired comparison needs for a minimum detectable effect of at most ``target``, at a
+    between-seed SD ``sd`` of the per-seed differences: the smallest ``S >= 2`` with
+    ``(t_{1-alpha/2, S-1} + t_{power, S-1}) * sd / sqrt(S) <= target`` (:func:`minimum_detectable_effect` at
+    ``S`` seeds). None where ``sd`` is nan or more than ``max_seeds`` would be needed."""
+    if target <= 0.0:
+        raise ValueError(f"target={target}: expected a minimum detectable effect > 0")
+    if math.isnan(sd):
+        return None
+
+    def fits(s: int) -> bool:
+        return minimum_detectable_effect(sd / math.sqrt(s), s - 1, alpha=alpha, power=power) <= target
+
+    if not fits(max_seeds):
+        return None
+    lo, hi = 2, max_seeds  # the MDE falls with S, so the first S that fits is found by bisection
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+    return lo
+
+
 def seed_interval(values: Sequence[float], *, alpha: float = 0.05) -> dict:
     """Mean over seeds with its t interval: ``{"mean", "sd" (sample), "se", "ci95", "n"}``; the interval is
     ``[nan, nan]`` for a single seed (no between-seed variance can be estimated from one)."""
