@@ -104,9 +104,6 @@ PIECES: dict[str, Piece] = {
     "sdpa_packed": Piece("the rollout's packed-GQA attention sdpa_packed, flash decode included (rollout.attention=sdpa: "
                          "transformers' sdpa, to rounding)", (), overrides=("rollout.attention=sdpa",),
                          parts=("study_rollout", "smol_rollout")),
-    "learner_fake_quant": Piece("the aligned learner's fake_quant_act_int8 / fake_quant_kv_int8 (P.fq_activation_ste "
-                                "/ P.fq_kv_ste)", ("fake_quant_act_int8", "fake_quant_kv_int8"),
-                                parts=("study_learner", "smol_learner")),
     "bf16_backward": Piece("the learner's bf16 backward GEMMs (train.learner_autocast=off: fp32, to rounding)", (),
                            overrides=("train.learner_autocast=off",), parts=("study_learner", "smol_learner")),
     "learner_attention_kernel": Piece("causal_attention_fwd/bwd (opt-in on Intel: train.learner_attention=kernel "
@@ -166,9 +163,9 @@ def patch_off(piece: str) -> None:
     override need nothing here)."""
     from importlib import import_module
 
-    # the modules themselves (interq.quant re-exports functions under some module names, e.g. ``aligned``)
-    kernels, L, P, R, AL, PL = (import_module(f"interq.{m}") for m in (
-        "kernels", "quant.linear", "quant.primitives", "kernels.rms_norm", "quant.aligned", "kernels.packed_linear"))
+    # the modules themselves (interq.quant re-exports functions under some module names)
+    kernels, L, P, R, PL = (import_module(f"interq.{m}") for m in (
+        "kernels", "quant.linear", "quant.primitives", "kernels.rms_norm", "kernels.packed_linear"))
 
     if piece in INT8_INSTEAD:  # an int8 backend off: auto takes the backend it would without it
         resolve, instead = L.resolve_int8_backend, INT8_INSTEAD[piece]
@@ -194,9 +191,6 @@ def patch_off(piece: str) -> None:
         PL.use_amx_product(False)
     elif piece == "bf16_linear_avx2":
         PL.use_avx2_product(False)
-    elif piece == "learner_fake_quant":
-        AL.fq_activation = lambda x, qcfg: P.fq_activation_ste(x, qcfg)
-        AL.fq_kv = lambda t, qcfg: P.fq_kv_ste(t, qcfg)
 
 
 class _Counting:

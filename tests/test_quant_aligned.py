@@ -102,10 +102,10 @@ def test_aligned_quantizes_a_fused_input_once_with_the_same_gradients(monkeypatc
         torch.manual_seed(0)
         learner = tiny_causal_lm("llama")
         learner.train()
-        count = A.fq_activation
-        monkeypatch.setattr(A, "fq_activation", lambda x, q: calls.append(shared) or count(x, q))
+        count = A.P.fq_activation_ste
+        monkeypatch.setattr(A.P, "fq_activation_ste", lambda x, q: calls.append(shared) or count(x, q))
         if not shared:
-            monkeypatch.setattr(A, "_shared_fq_activation", A.fq_activation)
+            monkeypatch.setattr(A, "_shared_fq_activation", A.P.fq_activation_ste)
         with aligned(learner, qcfg):
             logits = learner(input_ids=ids).logits
         torch.log_softmax(logits.float(), -1)[..., 0].sum().backward()
@@ -132,7 +132,7 @@ def test_the_shared_activation_is_recomputed_for_another_grad_mode_or_version_an
         with torch.no_grad():
             x.mul_(2)  # a new version: quantized again
         again = A._shared_fq_activation(x, qcfg)
-        assert again is not on and torch.equal(again, A.fq_activation(x, qcfg))
+        assert again is not on and torch.equal(again, A.P.fq_activation_ste(x, qcfg))
     assert A._LAST_XQ[0] is None
 
 

@@ -9,10 +9,6 @@ tests/test_quant_kernels.py):
 
 - ``quant_act_int8(x, qmax)`` = ``primitives.quant_act_int8_token(x, "half_even", bits)``
 - ``epilogue(acc, s_a, s_w, sizes, dtype)`` = ``linear.epilogue`` (no bias) per member of a fused group
-- ``fake_quant_act_int8(x, qmax)`` = the forward value of ``primitives.fq_activation_ste`` (int8, half_even): the
-  aligned learner's activation fake quantization (its gradient, the identity, is :mod:`interq.quant.aligned`'s)
-- ``fake_quant_kv_int8(t, qmax, trunc, min_scale)`` = the forward value of ``primitives.fq_kv_ste`` for
-  ``int8_per_token_head`` (and the scales, from which :mod:`interq.quant.aligned` computes the gradient's mask)
 - ``int8_gemm_vnni(a, packed, n)`` = ``torch._int_mm(a, w_t)`` for weights packed once by ``pack_int8_vnni(w_t)``
   (AVX512-VNNI builds only: ``has_int8_gemm_vnni()``): the exact int32 accumulator, for few rows (decode), where
   ``_int_mm`` streams the weights at half the memory's speed; threads through torch's ``at::parallel_for``
@@ -259,8 +255,7 @@ def _load_inline(name: str, openmp: bool, verbose: bool, build_dir: Path):
     from torch.utils.cpp_extension import load_inline
 
     return load_inline(name, cpp_sources=[_SRC.read_text()],
-                       functions=["quant_act_int8", "epilogue", "fake_quant_act_int8", "fake_quant_kv_int8",
-                                  "has_int8_gemm_vnni", "pack_int8_vnni", "int8_gemm_vnni",
+                       functions=["quant_act_int8", "epilogue", "has_int8_gemm_vnni", "pack_int8_vnni", "int8_gemm_vnni",
                                   "has_int8_gemm_avx2", "int8_gemm_avx2", "int8_linear_avx2",
                                   "has_int8_gemm_amx", "int8_gemm_amx", "int8_linear_amx",
                                   "has_bf16_gemm_amx", "bf16_linear_amx",

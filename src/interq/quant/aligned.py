@@ -38,9 +38,8 @@ from torch import nn
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from interq import kernels
 from interq.quant import primitives as P
-from interq.quant.config import QuantConfig, int_qmax
+from interq.quant.config import QuantConfig
 from interq.quant.executor import fused_group, quantized_targets
 from interq.quant.linear import check_experts_layout, experts_loop
 
@@ -51,8 +50,8 @@ def _aligned_attention(module: nn.Module, query, key, value, attention_mask, **k
     """Fake-quantize K (post-RoPE) and V per token and head, then run the model's own attention."""
     qcfg: QuantConfig = module.config._interq_kv_qcfg
     base = module.config._attn_implementation[len(_PREFIX):]
-    key = fq_kv(key, qcfg)  # [B, H_kv, T, D]
-    value = fq_kv(value, qcfg)  # [B, H_kv, T, D]
+    key = P.fq_kv_ste(key, qcfg)  # [B, H_kv, T, D]
+    value = P.fq_kv_ste(value, qcfg)  # [B, H_kv, T, D]
     if base == "eager":
         from transformers.models.llama.modeling_llama import eager_attention_forward as fn
     else:
@@ -105,56 +104,6 @@ def fq_weight_ste_cached(mod: nn.Module, name: str, w: torch.Tensor, qcfg: Quant
     return _CachedSTE.apply(w, hit[1])
 
 
-class _FakeQuantActSTE(torch.autograd.Function):
-    """:func:`P.fq_activation_ste` for int8 activations (half-even rounding) through the fused CPU kernel: the same
-    forward value bit for bit (the kernel adds the straight-through sum's ``+ 0``) and the same gradient, the
-    identity cast to x's dtype; one op instead of about twelve."""
-
-    @staticmethod
-    def forward(ctx, x, qmax):
-        ctx.x_dtype = x.dtype
-        fq = kernels.get().fake_quant_act_int8(x.detach().reshape(-1, x.shape[-1]), qmax)  # [M, K] fp32
-        return fq.view(*x.shape[:-1], x.shape[-1])
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.to(ctx.x_dtype), None
-
-
-def fq_activation(x: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
-    """``P.fq_activation_ste(x, qcfg)`` (same value, same gradient), through the fused CPU kernel where it applies."""
-    if (kernels.get() is not None and qcfg.w_format == "int8" and qcfg.a_int8_rounding == "half_even"
-            and not x.is_cuda and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.numel()):
-        return _FakeQuantActSTE.apply(x, int_qmax(qcfg.a_bits))
-    return P.fq_activation_ste(x, qcfg)
-
-
-class _FakeQuantKVSTE(torch.autograd.Function):
-    """:func:`P.fq_kv_ste` for ``int8_per_token_head`` through the fused CPU kernel: the same forward value bit for
-    bit, and the same gradient (``grad * keep``, the mask computed from the saved input and scales exactly as the
-    eager estimator computes it)."""
-
-    @staticmethod
-    def forward(ctx, t, qmax, trunc, bits):
-        out, s = kernels.get().fake_quant_kv_int8(t.detach(), qmax, trunc, P.KV_MIN_SCALE)
-        ctx.save_for_backward(t, s)
-        ctx.bits = bits
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        t, s = ctx.saved_tensors
-        return grad * P._keep_int8(t, s, ctx.bits).to(grad.dtype), None, None, None
-
-
-def fq_kv(t: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
-    """``P.fq_kv_ste(t, qcfg)`` (same value, same gradient), through the fused CPU kernel where it applies."""
-    if (kernels.get() is not None and qcfg.kv_format == "int8_per_token_head" and not t.is_cuda
-            and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.numel()):
-        return _FakeQuantKVSTE.apply(t, int_qmax(qcfg.kv_bits), qcfg.kv_int8_store != "round", qcfg.kv_bits)
-    return P.fq_kv_ste(t, qcfg)
-
-
 def clear_aligned_cache(model: nn.Module) -> None:
     """Drop the fake-quantized weights kept for ``model``'s modules (see the module docstring)."""
     for m in model.modules():
@@ -165,18 +114,18 @@ _LAST_XQ: list = [None]  # (weakref to x, (version, grad mode, requires_grad, qc
 
 
 def _shared_fq_activation(x: torch.Tensor, qcfg: QuantConfig) -> torch.Tensor:
-    """``fq_activation(x, qcfg)``, computed once for the projections that read the same input one after the other
+    """``P.fq_activation_ste(x, qcfg)``, computed once for the projections that read the same input one after the other
     (q|k|v, gate|up: as the executor quantizes a fused input once). The same value; the STE gradients of the
     projections meet at the shared node instead of at ``x`` (the same sum, in another order). Keyed on ``x``
     itself and its version counter: a write through ``x.data`` between two projections would not be seen (no
     caller does that; cleared when :func:`aligned` exits)."""
     if x.is_inference():  # no version counter to key on
-        return fq_activation(x, qcfg)
+        return P.fq_activation_ste(x, qcfg)
     last = _LAST_XQ[0]
     key = (x._version, torch.is_grad_enabled(), x.requires_grad, qcfg)
     if last is not None and last[0]() is x and last[1] == key:
         return last[2]
-    xq = fq_activation(x, qcfg)
+    xq = P.fq_activation_ste(x, qcfg)
     _LAST_XQ[0] = (weakref.ref(x), key, xq)
     return xq
 
@@ -209,7 +158,7 @@ def aligned_experts_forward(mod: nn.Module, qcfg: QuantConfig, hidden_states, to
         dn = P.fq_weight_ste(mod.down_proj, qcfg)  # [E, H, I] fp32
 
     def gemm(w):
-        return lambda e, x: nn.functional.linear(fq_activation(x, qcfg), w[e]).to(x.dtype)
+        return lambda e, x: nn.functional.linear(P.fq_activation_ste(x, qcfg), w[e]).to(x.dtype)
 
     return experts_loop(hidden_states, top_k_index, top_k_weights, gu.shape[0], mod.act_fn, gemm(gu), gemm(dn))
 
@@ -222,9 +171,6 @@ def aligned(model: nn.Module, qcfg: QuantConfig, cache_weights: bool = True):
         raise TypeError(f"aligned: qcfg must be a QuantConfig, got {type(qcfg).__name__}")
     if getattr(model, "_interq_aligned", False):
         raise RuntimeError("aligned: the model is already inside an aligned() context")
-    p0 = next(model.parameters(), None)
-    if p0 is not None and p0.device.type == "cpu":
-        kernels.load()  # the fused CPU kernels (same values, fewer ops); built once per machine
     patched: list[nn.Module] = []
     cfg = model.config
     old_attn = cfg._attn_implementation

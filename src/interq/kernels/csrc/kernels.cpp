@@ -6,10 +6,6 @@
 //   quant_act_int8: interq.quant.primitives.quant_act_int8_token, rounding half_even (vLLM dynamic_scaled_int8_quant)
 //   epilogue:       interq.quant.linear.epilogue without bias (CUTLASS ScaledEpilogue), one output per member
 //                   of a fused q|k|v or gate|up group, each contiguous, already in the compute dtype
-//   fake_quant_kv_int8: the forward value of interq.quant.primitives.fq_kv_ste for int8_per_token_head K or V
-//                   (quantize, dequantize into t's dtype, plus the straight-through estimator's + 0), and the scales
-//   fake_quant_act_int8: the forward value of interq.quant.primitives.fq_activation_ste for int8 activations
-//                   (quantize, dequantize, plus the straight-through estimator's + 0), fp32
 //   int8_gemm_vnni: torch._int_mm's exact int32 accumulator from weights packed by pack_int8_vnni (AVX512-VNNI)
 //   int8_gemm_avx2: the same accumulator from the same packed weights on AVX2 without VNNI (int16 products)
 //   int8_gemm_amx:  the same accumulator from the same packed weights by AMX-INT8 tiles, any number of rows
