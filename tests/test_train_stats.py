@@ -8,9 +8,9 @@ import pytest
 import itertools
 
 from interq.train.stats import (linear_trend, minimum_detectable_effect, paired_difference, paired_difference_over_seeds,
-                                seeds_for_mde,
-                                paired_t_over_seeds, regularized_beta, sample_std, seed_interval, sign_flip_test,
-                                stratified_permutation_test, student_t_cdf, student_t_quantile, wilson_interval)
+                                paired_t_over_seeds, regularized_beta, sample_std, seed_interval, seeds_for_mde,
+                                sign_flip_test, stratified_permutation_test, student_t_cdf, student_t_quantile,
+                                wilson_interval)
 
 
 def test_wilson_matches_the_closed_form():

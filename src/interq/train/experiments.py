@@ -876,12 +876,13 @@ def compare_main(argv: list[str]) -> int:
         plot_curves(runs, out / f"curves{sfx}.png", f"compare ({regime})")
         curves = plot_mismatch(runs, out / f"mismatch{sfx}.png", budget)
         table = markdown_table(summary, args.threshold)
+        ptable = paired_table(paired, args.target_mde)
         trend = budget_trend(runs, res["seeds"].get(regime), budget)
         contrast = pooled_contrast(runs, res["seeds"].get(regime))
         md += [f"## Regime `{regime}`: {' '.join(REGIMES[regime]) or 'the arms as configured (W8A8-KV8)'}\n", table,
-               paired_table(paired, args.target_mde), pooled_contrast_line(contrast), budget_trend_line(trend),
+               ptable, pooled_contrast_line(contrast), budget_trend_line(trend),
                f"![curves](curves{sfx}.png)\n![mismatch](mismatch{sfx}.png)\n"]
-        print(f"regime {regime}\n{table}{paired_table(paired, args.target_mde)}{pooled_contrast_line(contrast)}{budget_trend_line(trend)}")
+        print(f"regime {regime}\n{table}{ptable}{pooled_contrast_line(contrast)}{budget_trend_line(trend)}")
         if contrast:
             result.setdefault("pooled", {})[regime] = contrast
         dump["regimes"][regime], dump["paired"][regime], dump["accumulation"][regime] = summary, paired, curves
