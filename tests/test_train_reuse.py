@@ -309,3 +309,26 @@ def test_a_field_a_run_does_not_record_counts_at_the_default_of_its_version(run)
     diffs = provenance.run_differences(cfg, run, start)
     assert diffs[:2] == [f"numerics_version: 1 -> {provenance.NUMERICS_VERSION}", "rollout.attention: sdpa -> sdpa_packed"]
     assert provenance.run_differences(cfg, run, start, report=True) == []
+
+
+def test_a_report_reads_a_run_whose_learner_settings_another_machine_resolved(run):
+    """``train.learner_autocast`` / ``train.learner_attention`` are ``auto``, resolved by the CPU: a run made where
+    they resolved otherwise cannot be resumed here (its numbers would change), but a report reads it and names
+    the field; another value of an ordinary field still stops the report."""
+    from interq.train.config import load_config
+
+    cfg = load_config(run / "config.yaml")
+    here = cfg.train.learner_autocast
+    elsewhere = "off" if here != "off" else "bf16_backward"
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    stored["train"]["learner_autocast"] = elsewhere
+    (run / "config.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    start = json.loads((run / "provenance.json").read_text())["start_policy"]
+    change = f"train.learner_autocast: {elsewhere} -> {here}"
+    assert provenance.run_differences(cfg, run, start) == [change]
+    assert provenance.run_differences(cfg, run, start, report=True) == []
+    assert provenance.resolved_elsewhere(cfg, run) == [change]
+    stored["algo"]["budget"] = cfg.algo.budget + 0.125
+    (run / "config.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    diffs = provenance.run_differences(cfg, run, start, report=True)
+    assert len(diffs) == 1 and diffs[0].startswith("algo.budget: "), diffs

@@ -197,8 +197,9 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
     run directories hold (a run may be partial: its records end at the last logged step)."""
     from interq.train.logging import read_jsonl
     from interq.train.pipeline import prepare_policy, run_training
-    from interq.train.provenance import (NUMERICS_VERSION, moved_defaults, older_version, run_differences, settle,
-                                         stored_numerics_version, warm_start_differences, warm_start_identity)
+    from interq.train.provenance import (NUMERICS_VERSION, moved_defaults, older_version, resolved_elsewhere,
+                                         run_differences, settle, stored_numerics_version, warm_start_differences,
+                                         warm_start_identity)
 
     regimes = regimes or ["natural"]
     base = _load("household", overrides)
@@ -223,6 +224,13 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
             log(f"[report] {len(older)} directories were computed under an older numerics version than this code's "
                 f"({NUMERICS_VERSION}): reported as stored; this code would not reproduce them "
                 "(interq.train.provenance.NUMERICS_VERSION says what changed)")
+        elsewhere = {}
+        for name, cfg in unique.items():
+            for change in resolved_elsewhere(cfg, out / name):
+                elsewhere.setdefault(change, []).append(name)
+        for change, names in elsewhere.items():
+            log(f"[report] {len(names)} runs resolved {change.split(':')[0]} on another machine ({change}): "
+                f"reported as stored; this machine would resume them otherwise and refuses to (e.g. {names[0]})")
         if (out / "warm_start" / "policy_summary.json").is_file():
             summary = json.loads((out / "warm_start" / "policy_summary.json").read_text())
     else:

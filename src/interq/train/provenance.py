@@ -75,6 +75,11 @@ A stored result that does not record such a field ran at the default of its own 
 HARMLESS_FIELDS = ("train.progress", "train.tensorboard")
 """Run config fields that cannot change results (display and logging only): they may differ on resume."""
 
+MACHINE_RESOLVED = ("train.learner_autocast", "train.learner_attention")
+"""Fields whose ``auto`` each machine resolves by its CPU (:func:`interq.train.config.resolve_auto`): a run resumed
+on a machine that resolves them otherwise is refused, but a report reads a run that another machine resolved, and
+says so (:func:`resolved_elsewhere`)."""
+
 PROVENANCE = "provenance.json"
 _UNRECORDED = object()  # a field the stored result does not record
 
@@ -232,6 +237,18 @@ def moved_defaults(cfg: RunConfig, run_dir: str | Path) -> list[str]:
     return [_change(k, o, n) for k, o, n in _diff(old, new) if _moved(k, o, n, version)]
 
 
+def resolved_elsewhere(cfg: RunConfig, run_dir: str | Path) -> list[str]:
+    """The :data:`MACHINE_RESOLVED` fields a report reads across for the run in ``run_dir``: the run has another
+    value than ``cfg`` resolves to here (another CPU class resolved ``auto``). ``name: stored -> here`` each."""
+    try:
+        stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    old = _flatten(stored if isinstance(stored, dict) else {})
+    new = _flatten(_resolved(to_dict(cfg)))
+    return [_change(k, old[k], new[k]) for k in MACHINE_RESOLVED if k in old and old[k] != new[k]]
+
+
 def stored_numerics_version(result_dir: str | Path) -> Any:
     """The NUMERICS_VERSION a stored warm start or run directory was computed under (``None``: unrecorded)."""
     return (_read_json(Path(result_dir) / PROVENANCE) or {}).get("numerics_version")
@@ -287,7 +304,7 @@ def run_differences(cfg: RunConfig, run_dir: str | Path, start_policy: dict | No
     old = {**_defaults_of(version), **_flatten(stored_cfg)}
     new = _flatten(_resolved(to_dict(cfg)))
     for name, o, n in _diff(old, new):
-        if name in HARMLESS_FIELDS or (report and _moved(name, o, n, version)):
+        if name in HARMLESS_FIELDS or (report and (_moved(name, o, n, version) or name in MACHINE_RESOLVED)):
             continue
         if name == "train.steps" and isinstance(o, int) and isinstance(n, int) and n > o:
             continue  # extending a run is exact (module docstring)
