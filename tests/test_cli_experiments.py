@@ -1,6 +1,9 @@
 """`interq demo` and `interq compare` end to end on the toy environment (tiny, one or two steps)."""
 
 import json
+import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -241,3 +244,44 @@ def test_paired_differences_compare_the_two_existing_fixes():
     assert set(out) == {"q-interq - q-tis", "q-interq - q-align", "q-align - q-tis"}
     assert out["q-align - q-tis"]["per_seed"] == [pytest.approx(-0.5), pytest.approx(0.0)]
     assert out["q-align - q-tis"]["diff"] == pytest.approx(-0.25)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_a_jobs_worker_stops_when_the_comparing_process_dies(tmp_path):
+    """A ``--jobs`` worker gets SIGTERM when the process that started it dies (killed with SIGKILL here), rather than
+    training on as an orphan that keeps its run directory locked."""
+    import signal
+    import subprocess
+    import textwrap
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent("""
+        import multiprocessing as mp, os, sys, time
+        from concurrent.futures import ProcessPoolExecutor
+        from interq.train.experiments import _worker_init
+        if __name__ == "__main__":
+            pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                                       initargs=(os.getpid(),))
+            print(pool.submit(os.getpid).result(), flush=True)
+            pool.submit(time.sleep, 120)
+            time.sleep(120)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+
+    def alive(pid: int) -> bool:  # a zombie nobody reaped yet has exited
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    assert alive(worker)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive(worker):
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail("the worker outlived the comparing process")
