@@ -356,6 +356,17 @@ def timed_pieces(workload: str, census: dict, chosen: list[str]) -> dict[str, li
     return out
 
 
+def _learner_attention_default_here() -> None:
+    """Where ``train.learner_attention=auto`` takes the kernel (off Intel), it is no opt-in: its measured run turns
+    it off (``sdpa``) against the default, as for every other piece; elsewhere it stays the opt-in above."""
+    from interq.train.config import resolve_learner_attention
+
+    if resolve_learner_attention("auto") == "kernel":
+        PIECES["learner_attention_kernel"] = Piece(
+            "causal_attention_fwd/bwd (train.learner_attention=auto takes them on this CPU; off: sdpa)", (),
+            overrides=("train.learner_attention=sdpa",), parts=("study_learner", "smol_learner"))
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
@@ -372,6 +383,7 @@ def main(argv=None) -> dict:
     p.add_argument("--off", default="none", help=argparse.SUPPRESS)
     p.add_argument("--census", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    _learner_attention_default_here()
     if args.worker:
         worker(args)
         return {}
