@@ -6,7 +6,8 @@ with tolerances that a wrong sign, a missing scale, a causal mask off by one or 
 orders of magnitude, at block boundaries (64 rows) and with non-contiguous inputs. In a model: the same log-probs
 and gradients as transformers' sdpa to float rounding, the proximal (no-grad) and the training forward the same
 bits, masked and non-causal calls left to sdpa, the model's implementation restored on exit. Config: ``auto``
-resolves to ``kernel`` where the kernels load on a CPU that is not Intel's, ``sdpa`` elsewhere; bad values are named.
+resolves to ``kernel`` where the kernels load on a CPU with AVX-512 that is not Intel's, ``sdpa`` elsewhere; bad values
+are named.
 """
 
 from __future__ import annotations
@@ -185,8 +186,9 @@ def test_config_auto_resolves_to_the_kernel_where_it_loads_off_intel(monkeypatch
     assert build_config("q-interq", []).train.learner_attention == "sdpa"
     monkeypatch.setattr(machine, "cpu_has", lambda flag: flag == "avx2")  # AVX2 without FMA: the generic build too
     assert build_config("q-interq", []).train.learner_attention == "sdpa"
-    monkeypatch.setattr(machine, "cpu_has", lambda flag: flag in ("avx2", "fma"))  # the AVX2 tiles
-    assert build_config("q-interq", []).train.learner_attention == "kernel"
+    monkeypatch.setattr(machine, "cpu_has", lambda flag: flag in ("avx2", "fma"))  # the AVX2 tiles: an opt-in
+    assert build_config("q-interq", []).train.learner_attention == "sdpa"
+    assert build_config("q-interq", ["train.learner_attention=kernel"]).train.learner_attention == "kernel"
     monkeypatch.setattr(machine, "cpu_has", lambda flag: flag == "avx512f")
     assert build_config("q-interq", []).train.learner_attention == "kernel"
     monkeypatch.setattr(machine, "cpu_vendor", lambda: "GenuineIntel")  # torch's flash kernel is faster there

@@ -347,7 +347,7 @@ class TrainConfig:
     learner_attention: str = _f("auto", "The learner's causal self-attention, forward and backward: sdpa "
                                 "(transformers'), kernel (interq's fp32 CPU kernel, the same function to rounding), "
                                 "or auto, resolved when the config is built: kernel for a CPU learner on a non-Intel "
-                                "CPU with AVX-512 or AVX2 and FMA where interq's kernels load, else sdpa.",
+                                "CPU with AVX-512 where interq's kernels load, else sdpa.",
                                 choices=LEARNER_ATTENTIONS)
     progress: bool = _f(True, "Show a progress bar over the RL steps.")
     tensorboard: bool = _f(False, "Also write the step records as TensorBoard events.")
@@ -570,20 +570,20 @@ def resolve_learner_autocast(value: str, device: str = "cpu") -> str:
 
 def resolve_learner_attention(value: str, device: str = "cpu") -> str:
     """``train.learner_attention=auto`` -> ``kernel`` for a CPU learner where interq's CPU kernels load (built
-    once per machine, :mod:`interq.kernels`; ``INTERQ_CPU_KERNELS=0`` turns them off) on a CPU with AVX-512, or
-    with AVX2 and FMA, that is not an Intel one, ``sdpa`` elsewhere (CUDA, no C++ compiler, Intel CPUs, CPUs with
-    neither). Measured (docs/performance.md): the kernel's forward and backward are 2.2-2.6x torch's CPU flash kernel
-    on AMD EPYCs with AVX-512 (Zen 5) at 300-1,760 tokens and 1.14-1.28x on an AVX2-only AMD EPYC (Zen 3) at
-    300-2,500 tokens, but 0.71-0.79x on an Intel Xeon with AMX at 1,040-1,760 tokens: torch's flash kernel multiplies
-    its blocks with MKL's fp32 GEMMs, fast on Intel and slow on AMD (likely; not profiled). Other values pass
-    through."""
+    once per machine, :mod:`interq.kernels`; ``INTERQ_CPU_KERNELS=0`` turns them off) on a CPU with AVX-512 that is
+    not an Intel one, ``sdpa`` elsewhere (CUDA, no C++ compiler, Intel CPUs, CPUs without AVX-512). Measured
+    (docs/performance.md): the kernel's forward and backward are 2.2-2.6x torch's CPU flash kernel on AMD EPYCs with
+    AVX-512 (Zen 5) at 300-1,760 tokens, but 0.71-0.79x on an Intel Xeon with AMX at 1,040-1,760 tokens (torch's
+    flash kernel multiplies its blocks with MKL's fp32 GEMMs, fast on Intel and slow on AMD; likely, not profiled);
+    on an AVX2-only AMD EPYC (Zen 3), 1.14-1.28x alone but in the steps a SmolLM2 learner 1.01-1.09x and the study's
+    tiny learner 0.77-0.84x (slower): there ``kernel`` is an opt-in. Other values pass through."""
     if value != "auto":
         return value
     if not _learner_on_cpu(device):
         return "sdpa"
     from interq.machine import cpu_has, cpu_vendor
 
-    if cpu_vendor() == "GenuineIntel" or not (cpu_has("avx512f") or (cpu_has("avx2") and cpu_has("fma"))):
+    if cpu_vendor() == "GenuineIntel" or not cpu_has("avx512f"):
         return "sdpa"
     from interq import kernels
 

@@ -56,10 +56,10 @@ stored under another version then refuses to be reused (``--report-only`` still 
   (new) is ``kernel`` (interq's causal attention, fp32, to rounding: log-probs and gradients change) on a CPU
   learner where interq's CPU kernels load, else ``sdpa``. Where both resolve to the old values (a CUDA learner,
   or no bf16 and no compiler) the numbers are version 3's. Since 2026-12-03 ``auto`` resolves
-  ``train.learner_attention`` to ``sdpa`` on Intel CPUs too, and CPUs with neither AVX-512 nor AVX2 + FMA keep
-  ``sdpa`` (from 2026-12-03 to 2026-12-04 CPUs without AVX-512 did too, until the kernel's AVX2 tiles): not a bump, since the
-  resolved value is what a run's config records and what resume compares; a given resolved config computes
-  version 4's numbers.
+  ``train.learner_attention`` to ``sdpa`` on Intel CPUs too, and CPUs without AVX-512 keep ``sdpa`` (from
+  2026-12-04 to 2026-12-06 those with AVX2 + FMA took the kernel's AVX2 tiles, slower in the study's learner): not a
+  bump, since the resolved value is what a run's config records and what resume compares; a given resolved config
+  computes version 4's numbers.
 * 5: the learner's forward computes each distinct row of a micro-batch once, in length buckets
   (:func:`interq.train.rl.micro_batches`), and packs micro-batches by the tokens that forward computes; the
   ``study-1k`` and demo settings pack 16,384 tokens. Log-probs and losses are the same values, gradients change
