@@ -575,8 +575,8 @@ def resolve_learner_attention(value: str, device: str = "cpu") -> str:
     (docs/performance.md): the kernel's forward and backward are 2.2-2.6x torch's CPU flash kernel on AMD EPYCs with
     AVX-512 (Zen 5) at 300-1,760 tokens, but 0.71-0.79x on an Intel Xeon with AMX at 1,040-1,760 tokens (torch's
     flash kernel multiplies its blocks with MKL's fp32 GEMMs, fast on Intel and slow on AMD; likely, not profiled);
-    on an AVX2-only AMD EPYC (Zen 3), 1.14-1.28x alone but in the steps a SmolLM2 learner 1.01-1.09x and the study's
-    tiny learner 0.77-0.84x (slower): there ``kernel`` is an opt-in. Other values pass through."""
+    on an AVX2-only AMD EPYC (Zen 3), 1.14-1.28x alone but the SmolLM2 RL step 1.06x and the study's tiny learner
+    0.77-0.84x (slower): there ``kernel`` is an opt-in. Other values pass through."""
     if value != "auto":
         return value
     if not _learner_on_cpu(device):
