@@ -224,28 +224,33 @@ def _moved(name: str, old: Any, new: Any, version: Any) -> bool:
     return old == _defaults_of(version)[name] and new == _defaults_of(NUMERICS_VERSION)[name]
 
 
+def _stored_and_here(cfg: RunConfig, run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The run's stored config.yaml and ``cfg``, both flattened (``None``: no readable config.yaml)."""
+    try:
+        stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return _flatten(stored if isinstance(stored, dict) else {}), _flatten(_resolved(to_dict(cfg)))
+
+
 def moved_defaults(cfg: RunConfig, run_dir: str | Path) -> list[str]:
     """The fields a report reads across for the run in ``run_dir`` (of an older numerics version): it ran at its
     version's default, ``cfg`` is at today's, that default having moved since. ``name: old -> new`` each."""
     version = stored_numerics_version(run_dir)
-    try:
-        stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+    both = _stored_and_here(cfg, run_dir)
+    if both is None:
         return []
-    old = {**_defaults_of(version), **_flatten(stored if isinstance(stored, dict) else {})}
-    new = _flatten(_resolved(to_dict(cfg)))
-    return [_change(k, o, n) for k, o, n in _diff(old, new) if _moved(k, o, n, version)]
+    old = {**_defaults_of(version), **both[0]}
+    return [_change(k, o, n) for k, o, n in _diff(old, both[1]) if _moved(k, o, n, version)]
 
 
 def resolved_elsewhere(cfg: RunConfig, run_dir: str | Path) -> list[str]:
     """The :data:`MACHINE_RESOLVED` fields a report reads across for the run in ``run_dir``: the run has another
     value than ``cfg`` resolves to here (another CPU class resolved ``auto``). ``name: stored -> here`` each."""
-    try:
-        stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+    both = _stored_and_here(cfg, run_dir)
+    if both is None:
         return []
-    old = _flatten(stored if isinstance(stored, dict) else {})
-    new = _flatten(_resolved(to_dict(cfg)))
+    old, new = both
     return [_change(k, old[k], new[k]) for k in MACHINE_RESOLVED if k in old and old[k] != new[k]]
 
 
