@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from interq.quant import QuantConfig
 from interq.quant.testing import tiny_causal_lm
-from interq.train.bf16_backward import Bf16BackwardLinear, bf16_backward
+from interq.train.bf16_backward import Bf16BackwardLinear, bf16_backward, bf16_mm
 from interq.train.config import ConfigError, build_config
 from interq.train.rl import _sequence_logprobs, enable_activation_checkpointing, learner_context
 from test_train_learner_autocast import COSINE_MIN, GRAD_REL_L2_TOL, _micro_batch
@@ -36,8 +36,8 @@ def test_function_forward_is_f_linear_and_backward_is_the_bf16_gemms(bias):
     y.backward(gy)
     g16, x16, w16 = gy.reshape(-1, 10).bfloat16(), x.detach().reshape(-1, 24).bfloat16(), w.detach().bfloat16()
     assert x.grad.dtype == w.grad.dtype == torch.float32
-    assert torch.equal(x.grad, (g16 @ w16).float().reshape(3, 7, 24))
-    assert torch.equal(w.grad, (g16.t() @ x16).float())
+    assert torch.equal(x.grad, bf16_mm(g16, w16).float().reshape(3, 7, 24))
+    assert torch.equal(w.grad, bf16_mm(g16.t(), x16).float())
     if bias:
         torch.testing.assert_close(b.grad, gy.reshape(-1, 10).sum(0), rtol=0, atol=0)
     # and the closed form, in float64: within bf16 rounding, far from a sign error or a transposition
@@ -46,6 +46,20 @@ def test_function_forward_is_f_linear_and_backward_is_the_bf16_gemms(bias):
     for got, ref in ((x.grad, gx_ref), (w.grad, gw_ref)):
         rel = float((got.double() - ref).norm() / ref.norm())
         assert 0 < rel < 1e-2, rel
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_mm_is_the_exact_product_sum_rounded_once_to_bf16(native):
+    # both ways of computing it (torch's bf16 GEMM, the fp32 GEMM of the operands) against the float64 closed form
+    # rounded to bf16: within one bf16 ulp (the fp32 sums' order is the kernel's), and shape and dtype as a GEMM's
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(37, 200, generator=g).bfloat16()  # [M, K]
+    b = torch.randn(200, 19, generator=g).bfloat16()  # [K, N]
+    got = bf16_mm(a, b, native=native)
+    assert got.dtype == torch.bfloat16 and got.shape == (37, 19)
+    ref = a.double() @ b.double()  # exact up to float64 rounding
+    ulp = torch.finfo(torch.bfloat16).eps * ref.abs().clamp_min(1e-3)  # one bf16 ulp at or above each entry's size
+    assert ((got.double() - ref).abs() <= ulp).all()
 
 
 def test_the_context_takes_graph_building_fp32_linears_only_and_restores_f_linear():

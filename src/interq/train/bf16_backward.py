@@ -14,6 +14,11 @@ aligned learner too: nothing upstream of the aligned forward's activation quanti
 are those of the fp32 forward. What it costs: each gradient GEMM rounds to bf16 (8 significant bits), measured in
 ``tests/test_train_bf16_backward.py`` and docs/performance.md "Learner".
 
+Where bf16 is not native (an AVX2 or AVX-512 CPU without AVX512_BF16/AMX, a GPU before compute capability 8.0), the
+two GEMMs are computed as fp32 GEMMs of the bf16-rounded operands, rounded back to bf16 (:func:`bf16_mm`): the same
+quantities (exact bf16 products, fp32 sums, a bf16 result) up to the order of the sums, which differs between any two
+GEMM kernels. torch's own bf16 GEMM on such a CPU is 25-40x slower than the fp32 one at the study's shapes.
+
 Attention, norms and the other element-wise backward ops keep fp32; only ``F.linear`` calls are taken (the
 decoder's projections, the lm-head, the aligned learner's fake-quantized GEMMs and MoE experts' loops).
 """
@@ -28,6 +33,7 @@ import torch
 from interq.train import onednn_gemm
 from interq.train.linear_swap import LinearSwap
 
+_NATIVE: dict = {}  # device type -> bf16 GEMMs run in hardware there (read once per process)
 _LAST_X16: list = [None]  # (weakref to x, x's version, bf16 copy): the last input converted
 
 
@@ -41,6 +47,23 @@ def _bf16_input(x: torch.Tensor) -> torch.Tensor:
     x16 = x.detach().to(torch.bfloat16)
     _LAST_X16[0] = (weakref.ref(x), x._version, x16)
     return x16
+
+
+def bf16_mm(a: torch.Tensor, b: torch.Tensor, native: bool | None = None) -> torch.Tensor:
+    """``a @ b`` of two bf16 matrices [M, K] @ [K, N] -> bf16 [M, N]: exact products, fp32 sums, one rounding to bf16.
+
+    ``native`` (default: whether bf16 is native on ``a``'s device, :func:`interq.machine.bf16_native`): torch's bf16
+    GEMM; otherwise the fp32 GEMM of the operands (each bf16 value is exact in fp32, and so is the product of two)
+    rounded to bf16 once. The two agree up to the order of the fp32 sums."""
+    if native is None:
+        kind = a.device.type
+        if kind not in _NATIVE:
+            from interq.machine import bf16_native
+            _NATIVE[kind] = bf16_native(a.device)
+        native = _NATIVE[kind]
+    if native:
+        return a @ b
+    return (a.float() @ b.float()).to(torch.bfloat16)
 
 
 class Bf16BackwardLinear(torch.autograd.Function):
@@ -60,9 +83,9 @@ class Bf16BackwardLinear(torch.autograd.Function):
         g16 = grad_y.reshape(-1, n).to(torch.bfloat16)  # [M, N]
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = (g16 @ w.to(torch.bfloat16)).to(ctx.x_dtype).reshape(*grad_y.shape[:-1], k)  # [..., K]
+            grad_x = bf16_mm(g16, w.to(torch.bfloat16)).to(ctx.x_dtype).reshape(*grad_y.shape[:-1], k)  # [..., K]
         if ctx.needs_input_grad[1]:
-            grad_w = (g16.t() @ x16.reshape(-1, k)).to(w.dtype)  # [N, K]
+            grad_w = bf16_mm(g16.t(), x16.reshape(-1, k)).to(w.dtype)  # [N, K]
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_y.reshape(-1, n).sum(0)  # [N], fp32
         return grad_x, grad_w, grad_b
