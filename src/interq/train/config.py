@@ -558,8 +558,9 @@ def _learner_on_cpu(device: str) -> bool:
 
 def resolve_learner_autocast(value: str, device: str = "cpu") -> str:
     """``train.learner_autocast=auto`` -> ``bf16_backward`` for a learner on a CPU that computes bf16 in hardware
-    (AVX512_BF16 / AMX: the backward's GEMMs 1.5-2x fp32 there, docs/performance.md), ``off`` elsewhere: CPUs that
-    emulate bf16, and CUDA (unmeasured there; ``train.learner_autocast=bf16_backward`` asks for it). Other values
+    (AVX512_BF16 / AMX: the backward's GEMMs 1.5-2x fp32 there, docs/performance.md), ``off`` elsewhere: CPUs without
+    native bf16 (there ``bf16_backward`` computes its GEMMs as fp32 GEMMs of bf16 operands: about fp32's speed, no
+    gain), and CUDA (unmeasured there; ``train.learner_autocast=bf16_backward`` asks for it). Other values
     pass through. ``device``: ``train.device`` (``auto`` is resolved here too)."""
     if value != "auto":
         return value
