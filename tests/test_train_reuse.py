@@ -293,6 +293,30 @@ def test_report_only_reads_runs_of_an_older_numerics_version_and_says_so(tmp_pat
     assert rc == 2 and f"numerics_version: {now + 1} -> {now}" in err, err
 
 
+@pytest.mark.slow
+def test_report_only_names_the_value_to_pass_for_a_run_another_machine_resolved(tmp_path, capsys):
+    """A run whose ``train.learner_autocast`` another CPU resolved otherwise: the report reads it and names the value
+    to pass; resuming without that value is refused, and with it the finished run is reused as it is."""
+    out = tmp_path / "cmp"
+    args = ["compare", "--out", str(out), "--arms", "bf16", "--seeds", "0", *CMP]
+    assert _cli(capsys, args)[0] == 0
+    stored = yaml.safe_load((out / "bf16-s0" / "config.yaml").read_text())
+    here = stored["train"]["learner_autocast"]
+    elsewhere = "off" if here != "off" else "bf16_backward"
+    stored["train"]["learner_autocast"] = elsewhere
+    (out / "bf16-s0" / "config.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    metrics = (out / "bf16-s0" / "metrics.jsonl").read_text()
+    assert main([*args, "--report-only"]) == 0
+    said = capsys.readouterr()
+    line = next(x for x in (said.out + said.err).splitlines() if x.startswith("[report]"))
+    assert (f"1 runs record train.learner_autocast={elsewhere}, which `auto` resolves to {here} on this machine" in line
+            and f"pass train.learner_autocast={elsewhere}" in line), line
+    rc, err = _cli(capsys, args)
+    assert rc == 2 and f"train.learner_autocast: {elsewhere} -> {here}" in err, err
+    assert _cli(capsys, [*args, f"train.learner_autocast={elsewhere}"])[0] == 0
+    assert (out / "bf16-s0" / "metrics.jsonl").read_text() == metrics  # reused, not trained again
+
+
 def test_a_field_a_run_does_not_record_counts_at_the_default_of_its_version(run):
     """The study's runs (version 1) do not record ``rollout.attention``: they ran transformers' ``sdpa``, the default
     then, and so differ from today's default (``sdpa_packed``) unless the difference is read for a report."""
