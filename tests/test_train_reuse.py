@@ -351,7 +351,7 @@ def test_a_report_reads_a_run_whose_learner_settings_another_machine_resolved(ru
     change = f"train.learner_autocast: {elsewhere} -> {here}"
     assert provenance.run_differences(cfg, run, start) == [change]
     assert provenance.run_differences(cfg, run, start, report=True) == []
-    assert provenance.resolved_elsewhere(cfg, run) == [change]
+    assert provenance.resolved_elsewhere(cfg, run) == [("train.learner_autocast", elsewhere, here)]
     stored["algo"]["budget"] = cfg.algo.budget + 0.125
     (run / "config.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
     diffs = provenance.run_differences(cfg, run, start, report=True)

@@ -248,9 +248,7 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
         for name, cfg in unique.items():
             for change in resolved_elsewhere(cfg, out / name):
                 elsewhere.setdefault(change, []).append(name)
-        for change, names in elsewhere.items():
-            field, values = change.split(": ", 1)
-            stored, here = values.split(" -> ")
+        for (field, stored, here), names in elsewhere.items():
             log(f"[report] {len(names)} runs record {field}={stored}, which `auto` resolves to {here} on this machine: "
                 f"reported as stored; to resume or extend them here, pass {field}={stored} (e.g. {names[0]})")
         if (out / "warm_start" / "policy_summary.json").is_file():

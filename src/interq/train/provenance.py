@@ -244,14 +244,14 @@ def moved_defaults(cfg: RunConfig, run_dir: str | Path) -> list[str]:
     return [_change(k, o, n) for k, o, n in _diff(old, both[1]) if _moved(k, o, n, version)]
 
 
-def resolved_elsewhere(cfg: RunConfig, run_dir: str | Path) -> list[str]:
+def resolved_elsewhere(cfg: RunConfig, run_dir: str | Path) -> list[tuple[str, Any, Any]]:
     """The :data:`MACHINE_RESOLVED` fields a report reads across for the run in ``run_dir``: the run has another
-    value than ``cfg`` resolves to here (another CPU class resolved ``auto``). ``name: stored -> here`` each."""
+    value than ``cfg`` resolves to here (another CPU class resolved ``auto``). ``(name, stored, here)`` each."""
     both = _stored_and_here(cfg, run_dir)
     if both is None:
         return []
     old, new = both
-    return [_change(k, old[k], new[k]) for k in MACHINE_RESOLVED if k in old and old[k] != new[k]]
+    return [(k, old[k], new[k]) for k in MACHINE_RESOLVED if k in old and old[k] != new[k]]
 
 
 def stored_numerics_version(result_dir: str | Path) -> Any:
