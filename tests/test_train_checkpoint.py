@@ -393,3 +393,32 @@ def test_a_finished_run_kept_without_its_checkpoints_is_reused_not_trained_again
     redone = _rerun(short, policy)
     assert "reused" not in capsys.readouterr().err
     assert [r["step"] for r in redone] == [0, 1, 2] and _strip(redone) == _strip(recs)  # trained again from step 0
+
+
+def test_machine_log_says_which_machine_made_which_steps(full_run, tmp_path):
+    """machine.jsonl: one line per start of training with the step it starts from and the CPU it runs on; a resume
+    adds a line, a resume that drops an earlier attempt's steps drops that attempt's line too."""
+    import torch
+
+    from interq.machine import cpu_capability
+
+    full, policy, _ = full_run
+    (line,) = read_jsonl(full / "machine.jsonl")
+    assert line["start_step"] == 0 and line["torch"] == torch.__version__ and line["device"] == "cpu"
+    assert line["cpu_class"] == cpu_capability()["cpu_class"] and line["threads"] == torch.get_num_threads()
+    assert line["time"].endswith("+00:00")
+    run = tmp_path / "run"
+    shutil.copytree(full, run)
+
+    def crash_after_step_1():  # step 2's checkpoint and record lost, as a kill before its save leaves them
+        shutil.rmtree(run / "checkpoints" / "step_000002")
+        (run / "checkpoints" / "latest").write_text("step_000001\n")
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        (run / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+
+    crash_after_step_1()
+    _rerun(run, policy)
+    assert [r["start_step"] for r in read_jsonl(run / "machine.jsonl")] == [0, 1]
+    crash_after_step_1()  # the resumed attempt's step 2 is dropped again: its line goes, the new one replaces it
+    _rerun(run, policy)
+    assert [r["start_step"] for r in read_jsonl(run / "machine.jsonl")] == [0, 1]

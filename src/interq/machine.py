@@ -114,12 +114,10 @@ def cpu_capability() -> dict:
     }
 
 
-def machine_info(device: str | torch.device | None = None) -> dict:
-    """Everything a benchmark's RESULT line records about where it ran (call at the start; add
-    ``load_avg_end`` at the end). ``device``: where the measured work ran (for the int8 backend and GPU name)."""
-    from interq import kernels  # local: keeps this module light to import
-    from interq.quant.linear import resolve_int8_backend
-
+def host_info(device: str | torch.device | None = None) -> dict:
+    """The machine a computation runs on, cheap to read: the CPU (model, identity, caches, class, features, native
+    bf16), its CPU count, torch's threads and version, Python's version, ``device`` and, on a GPU, its name and
+    compute capability. A training run keeps it in its ``machine.jsonl``."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     info = {
         **cpu_capability(),
@@ -127,18 +125,29 @@ def machine_info(device: str | torch.device | None = None) -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "load_avg_start": load_avg(),
         "device": str(dev),
-        "int8_backend_auto": resolve_int8_backend("auto", dev),
-        "allocator": allocator.in_use(),
     }
-    if dev.type == "cpu":  # the fused CPU kernels of the int8 executor (built here if they can be)
-        kernels.load()
-        info["cpu_kernels"] = kernels.status()
     if dev.type == "cuda" and torch.cuda.is_available():
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
         info["gpu"] = torch.cuda.get_device_name(idx)
         info["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(idx)))
+    return info
+
+
+def machine_info(device: str | torch.device | None = None) -> dict:
+    """Everything a benchmark's RESULT line records about where it ran (call at the start; add
+    ``load_avg_end`` at the end): :func:`host_info`, the load average, the int8 backend ``auto`` takes, the
+    allocator and the fused CPU kernels' status. ``device``: where the measured work ran."""
+    from interq import kernels  # local: keeps this module light to import
+    from interq.quant.linear import resolve_int8_backend
+
+    info = host_info(device)
+    dev = torch.device(info["device"])
+    info.update({"load_avg_start": load_avg(), "int8_backend_auto": resolve_int8_backend("auto", dev),
+                 "allocator": allocator.in_use()})
+    if dev.type == "cpu":  # the fused CPU kernels of the int8 executor (built here if they can be)
+        kernels.load()
+        info["cpu_kernels"] = kernels.status()
     return info
 
 

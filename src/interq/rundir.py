@@ -232,7 +232,7 @@ def release(directory: str | Path) -> None:
 # of atomic writes, locks of the directories inside) never count as the user's.
 WRITES: dict[str, tuple[str, ...]] = {
     "train": ("config.yaml", "provenance.json", "metrics.jsonl", "checkpoints", "checkpoints.stale-*", "warm_start",
-              "warm_start.stale-*", "env_info.json", "tensorboard"),
+              "warm_start.stale-*", "env_info.json", "machine.jsonl", "tensorboard"),
     "mismatch": ("mismatch.md", "mismatch.png", "mismatch.json", "config.yaml", "warm_start", "warm_start.stale-*"),
     # demo and compare write the same kind of directory (one may follow the other on the same --out)
     "demo": ("warm_start", "warm_start.stale-*", "demo.md", "demo.png", "compare.md", "summary.json", "curves*.png",

@@ -557,6 +557,25 @@ def _finished_records(run_dir: Path, t) -> list[dict] | None:
     return records if [r.get("step") for r in records] == expected else None
 
 
+MACHINE_LOG = "machine.jsonl"
+
+
+def _record_machine(run_dir: Path, start: int, device: torch.device) -> None:
+    """Append to the run's ``machine.jsonl`` where this (re)start of training runs: ``start_step`` (the checkpoint
+    it resumes from, 0 for the start: it makes the steps after it), the UTC time and :func:`interq.machine.host_info`.
+    Lines of an earlier attempt whose steps were dropped (``start_step`` >= ``start``) go, as their records in
+    ``metrics.jsonl`` do, so each line covers the steps up to the next line's ``start_step``."""
+    from datetime import datetime, timezone
+
+    from interq.machine import host_info
+    from interq.train.logging import scan_jsonl, write_records
+
+    path = run_dir / MACHINE_LOG
+    kept = [r for r in scan_jsonl(path)[0] if isinstance(r.get("start_step"), int) and r["start_step"] < start]
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    write_records(path, kept + [{"start_step": start, "time": now, **host_info(device)}])
+
+
 def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train_tasks, eval_tasks,
           *, resume: bool = True, start_policy: dict | None = None) -> list[dict]:
     """Run ``cfg.train.steps`` RL steps from the given (warm-started) policy; returns the step records.
@@ -606,6 +625,7 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     logger = RunLogger(run_dir, progress_total=t.steps, progress=t.progress, tensorboard=t.tensorboard,
                        desc=cfg.name, start=start)
     logger.truncate_after(start if start else -1)  # from scratch: no record of an earlier attempt survives
+    _record_machine(run_dir, start, resolve_device(t.device, "train.device"))
     engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
                            max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
     envs = env_runner(cfg.env, make_env)  # in-process, or the worker pool of env.num_workers (closed below)
