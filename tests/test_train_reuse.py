@@ -296,7 +296,10 @@ def test_report_only_reads_runs_of_an_older_numerics_version_and_says_so(tmp_pat
 @pytest.mark.slow
 def test_report_only_names_the_value_to_pass_for_a_run_another_machine_resolved(tmp_path, capsys):
     """A run whose ``train.learner_autocast`` another CPU resolved otherwise: the report reads it and names the value
-    to pass; resuming without that value is refused, and with it the finished run is reused as it is."""
+    to pass; resuming without that value is refused, and with it the finished run is reused as it is. The report
+    also says on which machines the runs trained."""
+    from interq.machine import cpu_capability
+
     out = tmp_path / "cmp"
     args = ["compare", "--out", str(out), "--arms", "bf16", "--seeds", "0", *CMP]
     assert _cli(capsys, args)[0] == 0
@@ -308,7 +311,9 @@ def test_report_only_names_the_value_to_pass_for_a_run_another_machine_resolved(
     metrics = (out / "bf16-s0" / "metrics.jsonl").read_text()
     assert main([*args, "--report-only"]) == 0
     said = capsys.readouterr()
-    line = next(x for x in (said.out + said.err).splitlines() if x.startswith("[report]"))
+    line = next(x for x in (said.out + said.err).splitlines() if x.startswith("[report] 1 runs record"))
+    where = next(x for x in (said.out + said.err).splitlines() if x.startswith("[report] where the runs trained"))
+    assert f"1 runs on {cpu_capability()['cpu']} ({cpu_capability()['cpu_class']})" in where, where
     assert (f"1 runs record train.learner_autocast={elsewhere}, which `auto` resolves to {here} on this machine" in line
             and f"pass train.learner_autocast={elsewhere}" in line), line
     rc, err = _cli(capsys, args)

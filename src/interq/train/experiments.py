@@ -217,6 +217,7 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
     run directories hold (a run may be partial: its records end at the last logged step)."""
     from interq.train.logging import read_jsonl
     from interq.train.pipeline import prepare_policy, run_training
+    from interq.train.rl import MACHINE_LOG
     from interq.train.provenance import (NUMERICS_VERSION, moved_defaults, older_version, resolved_elsewhere,
                                          run_differences, settle, stored_numerics_version, warm_start_differences,
                                          warm_start_identity)
@@ -251,6 +252,15 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
         for (field, stored, here), names in elsewhere.items():
             log(f"[report] {len(names)} runs record {field}={stored}, which `auto` resolves to {here} on this machine: "
                 f"reported as stored; to resume or extend them here, pass {field}={stored} (e.g. {names[0]})")
+        machines: dict[str, set[str]] = {}
+        for name in unique:
+            for rec in read_jsonl(out / name / MACHINE_LOG):  # one line per start or resume of the run
+                machines.setdefault(f"{rec.get('cpu')} ({rec.get('cpu_class')})", set()).add(name)
+        if machines:
+            unrecorded = len(set(unique) - set().union(*machines.values()))
+            log("[report] where the runs trained (each run's machine.jsonl): "
+                + "; ".join(f"{len(names)} runs on {m}" for m, names in sorted(machines.items()))
+                + (f"; {unrecorded} runs record no machine" if unrecorded else ""))
         if (out / "warm_start" / "policy_summary.json").is_file():
             summary = json.loads((out / "warm_start" / "policy_summary.json").read_text())
     else:
