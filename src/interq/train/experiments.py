@@ -217,10 +217,10 @@ def run_arms(arms: list[str], seeds: list[int], overrides: list[str], out: Path,
     run directories hold (a run may be partial: its records end at the last logged step)."""
     from interq.train.logging import read_jsonl
     from interq.train.pipeline import prepare_policy, run_training
-    from interq.train.rl import MACHINE_LOG
     from interq.train.provenance import (NUMERICS_VERSION, moved_defaults, older_version, resolved_elsewhere,
                                          run_differences, settle, stored_numerics_version, warm_start_differences,
                                          warm_start_identity)
+    from interq.train.rl import MACHINE_LOG
 
     regimes = regimes or ["natural"]
     base = _load("household", overrides)
