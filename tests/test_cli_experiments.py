@@ -213,6 +213,18 @@ def test_paired_differences_use_the_seeds_both_arms_have():
     assert paired_differences(runs, {"bf16": [0, 1, 2], "q-interq": [3, 4]}) == {}
 
 
+def test_the_paired_table_rounds_whole_values_not_the_results_rounded_ones():
+    """The RESULT line rounds to 4 decimals; the table formats 3 from the whole value: rounding twice would turn a
+    mean of -0.081474 into -0.0815 and then -0.082."""
+    from interq.train.experiments import _rounded_tree, paired_differences, paired_table
+
+    runs = {"bf16": [_run("1111")] * 3, "q-interq": [_run("0111"), _run("1111"), _run("1111")]}
+    d = paired_differences(runs, {a: [0, 1, 2] for a in runs})["q-interq - bf16"]
+    assert d["diff"] == pytest.approx(-1 / 12, abs=1e-12) and d["per_seed"] == [-0.25, 0.0, 0.0]  # not rounded
+    assert _rounded_tree({"q-interq - bf16": d})["q-interq - bf16"]["diff"] == -0.0833
+    assert "| -0.081 |" in paired_table({"q - b": {**d, "diff": -1.548 / 19}})
+
+
 def test_budget_trend_fits_success_against_log_budget_over_common_seeds():
     from interq.train.experiments import budget_trend, budget_trend_line
 

@@ -165,11 +165,18 @@ def test_sample_std_and_seed_interval_by_hand():
 
 def test_sign_flip_test_against_brute_force_and_its_floor():
     rng = random.Random(3)
-    for s_count in (1, 2, 3, 5, 7):
-        diffs = [rng.uniform(-0.1, 0.2) for _ in range(s_count)]
-        brute = sum(abs(sum(d * g for d, g in zip(diffs, signs))) >= abs(sum(diffs)) - 1e-12
+    for s_count, grid in ((1, False), (2, False), (3, False), (5, False), (7, False), (6, True), (11, True),
+                          (16, True)):
+        # grid: differences of success rates over 1,000 episodes (multiples of 0.001), so sign patterns tie
+        diffs = [rng.randint(-100, 200) / 1000 if grid else rng.uniform(-0.1, 0.2) for _ in range(s_count)]
+        brute = sum(abs(sum(d * g for d, g in zip(diffs, signs))) >= abs(sum(diffs)) - 1e-9
                     for signs in itertools.product((1, -1), repeat=s_count)) / 2 ** s_count
         assert sign_flip_test(diffs) == pytest.approx(brute, abs=1e-12)
+    # a study's 19 seeds: exact (the same share of all 2**19 patterns), which a Monte Carlo estimate approaches
+    diffs = [rng.randint(-60, 120) / 1000 for _ in range(19)]
+    exact = sign_flip_test(diffs)
+    assert exact == pytest.approx(sign_flip_test(diffs, max_exact_seeds=16, resamples=200_000), abs=0.005)
+    assert sign_flip_test([0.02, -0.02, 0.0]) == 1.0  # a zero mean
     # with every seed on one side, the p-value is its floor 2 / 2**S: 0.25 for 3 seeds, 0.0625 for 5
     assert sign_flip_test([0.26, 0.01, 0.17]) == pytest.approx(0.25)
     assert sign_flip_test([0.1] * 5) == pytest.approx(0.0625)

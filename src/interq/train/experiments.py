@@ -419,7 +419,8 @@ def paired_differences(runs: dict, seeds: dict | None = None, target_mde: float 
     the seeds both arms have (``seeds[arm]``: the seed of each of ``runs[arm]``, in order; without it, runs are
     paired by position and both arms need as many), with per-episode outcomes of the same final step (episode i is
     the same task and sampling seed in every arm, :func:`interq.train.rl.evaluate`). ``seeds_for_mde``: the seeds
-    the pair would need for an MDE of ``target_mde`` at the between-seed SD seen so far (None below 2 seeds)."""
+    the pair would need for an MDE of ``target_mde`` at the between-seed SD seen so far (None below 2 seeds). Values
+    are not rounded (:func:`_rounded_tree` rounds them for JSON)."""
     from interq.train.stats import paired_difference, paired_difference_over_seeds, paired_t_over_seeds, seeds_for_mde
 
     pairs = list(PAIRS) + [(a, "q-interq") for a in runs if a not in {x for pr in PAIRS for x in pr}]
@@ -433,23 +434,32 @@ def paired_differences(runs: dict, seeds: dict | None = None, target_mde: float 
         res = paired_difference(fa, fb)
         over = paired_difference_over_seeds(fa, fb)
         t = paired_t_over_seeds(over["per_seed"])
-        out[f"{a} - {b}"] = {"diff": round(res["diff"], 4), "ci95": [round(x, 4) for x in res["ci95"]],
-                             "ci95_seeds_and_tasks": [round(x, 4) for x in over["ci95"]],
-                             "ci95_paired_t": _rounded(t["ci95"]), "p_sign_flip": round(t["p_sign_flip"], 4),
-                             "p_t": _rounded(t["p_t"]), "mde": _rounded(t["mde"]),
+        out[f"{a} - {b}"] = {"diff": res["diff"], "ci95": list(res["ci95"]), "ci95_seeds_and_tasks": list(over["ci95"]),
+                             "ci95_paired_t": _rounded(t["ci95"], None), "p_sign_flip": t["p_sign_flip"],
+                             "p_t": _rounded(t["p_t"], None), "mde": _rounded(t["mde"], None),
                              "seeds_for_mde": seeds_for_mde(t["sd"], target_mde) if t["n_seeds"] >= 2 else None,
-                             "per_seed": [round(x, 4) for x in over["per_seed"]],
-                             "seeds": res["n_seeds"], "episodes": res["n_episodes"]}
+                             "per_seed": list(over["per_seed"]), "seeds": res["n_seeds"], "episodes": res["n_episodes"]}
         if common is not None:
             out[f"{a} - {b}"]["seed_ids"] = common
     return out
 
 
-def _rounded(x, digits: int = 4):
-    """Round a number or a list of numbers for JSON; nan (one seed: no between-seed estimate) becomes None."""
+def _rounded(x, digits: int | None = 4):
+    """Round a number or a list of numbers for JSON (``digits=None``: keep them whole); nan (one seed: no
+    between-seed estimate) becomes None."""
     if isinstance(x, (list, tuple)):
-        return None if any(math.isnan(v) for v in x) else [round(v, digits) for v in x]
-    return None if x is None or math.isnan(x) else round(x, digits)
+        return None if any(math.isnan(v) for v in x) else [v if digits is None else round(v, digits) for v in x]
+    return None if x is None or math.isnan(x) else (x if digits is None else round(x, digits))
+
+
+def _rounded_tree(x, digits: int = 4):
+    """Every float in nested dicts and lists rounded for the RESULT line and summary.json. Tables format the whole
+    values: rounding a rounded value again can move the last digit (-0.081474 -> -0.0815 -> -0.082)."""
+    if isinstance(x, dict):
+        return {k: _rounded_tree(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_rounded_tree(v, digits) for v in x]
+    return round(x, digits) if isinstance(x, float) else x
 
 
 # Aligned arms (the learner runs the executor's quantization) and unaligned quantized arms: the pooled contrast
@@ -925,7 +935,8 @@ def compare_main(argv: list[str]) -> int:
         print(f"regime {regime}\n{table}{ptable}{pooled_contrast_line(contrast)}{budget_trend_line(trend)}")
         if contrast:
             result.setdefault("pooled", {})[regime] = contrast
-        dump["regimes"][regime], dump["paired"][regime], dump["accumulation"][regime] = summary, paired, curves
+        dump["regimes"][regime], dump["accumulation"][regime] = summary, curves
+        dump["paired"][regime] = _rounded_tree(paired)
         if trend:
             result.setdefault("budget_trend", {})[regime] = trend
         result["regimes"][regime] = {a: {"final_mean": round(s["success_final_mean"], 4),
@@ -937,7 +948,7 @@ def compare_main(argv: list[str]) -> int:
                                          "final_steps": s["final_steps"],
                                          "learner_forward_passes_per_step": round(s["learner_forward_passes_per_step"], 3)}
                                      for a, s in summary.items()}
-        result["paired"][regime] = paired
+        result["paired"][regime] = _rounded_tree(paired)
     curve = strength_curve(result["regimes"], regimes)
     if curve:
         result["curve"] = curve
