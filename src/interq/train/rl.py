@@ -604,7 +604,8 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
         torch.set_num_threads(t.threads)
     from interq.machine import resolve_device
 
-    model.to(resolve_device(t.device, "train.device"))  # before the executor (a copy of it) and the optimizer
+    device = resolve_device(t.device, "train.device")
+    model.to(device)  # before the executor (a copy of it) and the optimizer
     fmt = chat_format(tokenizer)
     executor = build_executor(model, cfg.rollout)
     learner = Learner(model, cfg, executor.qcfg)
@@ -625,7 +626,7 @@ def train(cfg: RunConfig, run_dir: str | Path, model, tokenizer, make_env, train
     logger = RunLogger(run_dir, progress_total=t.steps, progress=t.progress, tensorboard=t.tensorboard,
                        desc=cfg.name, start=start)
     logger.truncate_after(start if start else -1)  # from scratch: no record of an earlier attempt survives
-    _record_machine(run_dir, start, resolve_device(t.device, "train.device"))
+    _record_machine(run_dir, start, device)
     engine = RolloutEngine(executor.module, cache_factory=executor.cache_factory, pad_token_id=fmt.pad_token_id,
                            max_context_tokens=cfg.rollout.max_context_tokens, info=executor.info)
     envs = env_runner(cfg.env, make_env)  # in-process, or the worker pool of env.num_workers (closed below)
