@@ -297,6 +297,18 @@ def test_truncate_after_keeps_every_earlier_record_once(tmp_path, capsys, text, 
         assert kept[1]["v"] == 2  # the last record of a step recorded twice
 
 
+@pytest.mark.parametrize("start, steps, shown", [
+    (0, [0, 1, 2, 3], 3),  # the step-0 evaluation is not a training step
+    (2, [3, 4], 4),  # a resumed run's bar goes on from its checkpoint's step
+])
+def test_progress_bar_counts_training_steps(tmp_path, start, steps, shown):
+    logger = RunLogger(tmp_path, progress_total=4, start=start)
+    for s in steps:
+        logger.log({"step": s})
+    assert logger._bar.n == shown
+    logger.close()
+
+
 # ---------------------------------------------------------------------------------------------- resume on the toy env
 
 TOY = ["env.name=toy", "env.max_turns=4", "env.num_train_tasks=16", "env.num_eval_tasks=4", "env.env_kwargs={length: 2}",

@@ -92,7 +92,8 @@ class RunLogger:
             post = {k.split("/")[-1]: f"{record[k]:.3g}" for k in ("rollout/success", "eval/success", "loss/policy")
                     if isinstance(record.get(k), (int, float))}
             self._bar.set_postfix(post, refresh=False)
-            self._bar.update(1)
+            step = record.get("step")  # the bar counts training steps: the step-0 evaluation is not one
+            self._bar.update(max(0, step - self._bar.n) if isinstance(step, int) else 1)
 
     def close(self) -> None:
         if self._bar is not None:
