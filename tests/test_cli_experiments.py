@@ -110,10 +110,12 @@ def test_compare_regimes_budgets_and_a_partial_report(tmp_path, capsys):
     assert main([*args, "--report-only"]) == 0
     res = _result(capsys.readouterr().out)
     assert res["partial"] is True and res["regimes"] == {}
+    assert res["runs"] == {"planned": 5, "finished": 0, "unfinished": 0, "not_run": 5}
     assert not (tmp_path / "warm_start").exists()
     assert main(args) == 0
     res = _result(capsys.readouterr().out)
     assert set(res["regimes"]) == {"natural", "matched"} and res["partial"] is False
+    assert res["runs"] == {"planned": 5, "finished": 5, "unfinished": 0, "not_run": 0}
     assert set(res["regimes"]["matched"]) == {"bf16", "q-interq", "q-interq-Binf"}
     # bf16 is one run shared by both regimes; the quantized arms run again under the matched executor
     dirs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name != "warm_start")
@@ -134,6 +136,8 @@ def test_compare_regimes_budgets_and_a_partial_report(tmp_path, capsys):
     out = capsys.readouterr().out
     res = _result(out)
     assert res["partial"] is True and "q-interq" not in res["regimes"]["natural"]
+    assert res["runs"] == {"planned": 5, "finished": 4, "unfinished": 1, "not_run": 0}
+    assert "partial: 1 of 5 runs unfinished (q-interq-s0)" in out
     assert set(res["regimes"]["matched"]) == {"bf16", "q-interq", "q-interq-Binf"}
     assert res["in_progress"]["q-interq-s0"]["step"] == 0 and res["in_progress"]["q-interq-s0"]["target"] == 1
     assert res["in_progress"]["q-interq-s0"]["last_eval_step"] == 0

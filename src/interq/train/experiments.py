@@ -895,6 +895,9 @@ def compare_main(argv: list[str]) -> int:
                    report_only=args.report_only)
     out.mkdir(parents=True, exist_ok=True)  # (after run_arms: an invalid configuration leaves nothing behind)
     missing = [n for n, (done, target) in res["progress"].items() if done is None or done < target]
+    not_run = [n for n in missing if res["progress"][n][0] is None]  # no records: never started in this directory
+    runs_count = {"planned": len(res["progress"]), "finished": len(res["progress"]) - len(missing),
+                  "unfinished": len(missing) - len(not_run), "not_run": len(not_run)}
     budget = _load("q-interq", overrides).algo.budget
     cmd = "interq compare " + " ".join(argv)
     md = [f"Command: `{cmd}`\n"]
@@ -915,6 +918,7 @@ def compare_main(argv: list[str]) -> int:
                   + ".\n")
         print(md[-1])
     result = {"total_wall_s": round(time.perf_counter() - t0, 1), "seeds": seeds, "partial": bool(missing),
+              "runs": runs_count,
               "regimes": {}, "paired": {}, "target_mde": args.target_mde}
     if older:
         result["older_numerics"] = {n: older[n] for n in sorted(older)}
@@ -959,6 +963,8 @@ def compare_main(argv: list[str]) -> int:
     (out / "compare.md").write_text("\n".join(md))
     (out / "summary.json").write_text(json.dumps(dump, indent=1, default=str))
     if missing:
-        print(f"partial: {len(missing)} runs not finished ({', '.join(missing)})")
+        not_run_said = f", {len(not_run)} not run" if not_run else ""
+        print(f"partial: {runs_count['unfinished']} of {runs_count['planned']} runs unfinished{not_run_said} "
+              f"({', '.join(missing)})")
     print("RESULT " + json.dumps(result, sort_keys=True))
     return 0
