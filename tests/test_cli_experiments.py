@@ -1,6 +1,7 @@
 """`interq demo` and `interq compare` end to end on the toy environment (tiny, one or two steps)."""
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ def test_demo_prints_table_plot_and_result(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), *TOY]) == 0
     res = _result(capsys.readouterr().out)
     for arm in ("bf16", "q-interq"):
-        assert set(res[arm]) == {"success_before", "success_after", "gain_ci95", "eval_episodes", "wall_s",
+        assert set(res[arm]) == {"success_before", "success_after", "gain_ci95", "eval_episodes", "wall_s", "cpu_s",
                                  "learner_forward_passes_per_step"}
         assert res[arm]["learner_forward_passes_per_step"] == 1.0 and res[arm]["eval_episodes"] == 2
         lo, hi = res[arm]["gain_ci95"]  # after minus before on the same held-out episodes
@@ -227,6 +228,22 @@ def test_the_paired_table_rounds_whole_values_not_the_results_rounded_ones():
     assert d["diff"] == pytest.approx(-1 / 12, abs=1e-12) and d["per_seed"] == [-0.25, 0.0, 0.0]  # not rounded
     assert _rounded_tree({"q-interq - bf16": d})["q-interq - bf16"]["diff"] == -0.0833
     assert "| -0.081 |" in paired_table({"q - b": {**d, "diff": -1.548 / 19}})
+
+
+def test_a_runs_wall_time_sums_its_phases_and_its_cpu_time_is_apart():
+    """time/env is inside the rollout's wall time and the *_cpu fields are CPU seconds: neither adds to the wall."""
+    from interq.train.experiments import markdown_table, summarize
+
+    step = {"time/rollout": 3.0, "time/learner": 2.0, "time/sync": 0.5, "time/env": 1.0, "time/rollout_cpu": 2.5,
+            "time/learner_cpu": 4.0}
+    recs = [{"step": 0, "eval/success": 0.5, "time/eval": 7.0}, {"step": 1, **step},
+            {"step": 2, **step, "eval/success": 0.75, "time/eval": 7.0}]
+    s = summarize({"a": [recs], "b": [[{k: v for k, v in r.items() if not k.endswith("_cpu")} for r in recs]]}, 0.6)
+    assert s["a"]["wall_s"] == pytest.approx(7.0 + 2 * (3.0 + 2.0 + 0.5) + 7.0)
+    assert s["a"]["cpu_s"] == pytest.approx(2 * (2.5 + 4.0))
+    assert math.isnan(s["b"]["cpu_s"]) and s["b"]["wall_s"] == s["a"]["wall_s"]  # records without CPU times
+    rows = markdown_table(s, 0.6).splitlines()
+    assert rows[2].endswith("| 25 | 13 |") and rows[3].endswith("| 25 | - |")
 
 
 def test_budget_trend_fits_success_against_log_budget_over_common_seeds():

@@ -331,9 +331,21 @@ def _std(xs):
     return sample_std(xs)
 
 
+WALL_KEYS = ("time/rollout", "time/learner", "time/sync", "time/eval")  # the phases of a step, one after another
+CPU_KEYS = ("time/rollout_cpu", "time/learner_cpu")  # the trainer process's CPU seconds in rollout and learner
+
+
 def _run_seconds(recs: list[dict]) -> float:
-    """The run's RL wall time from its own step timings (rollout, learner, sync, eval): also right for a reused run."""
-    return sum(v for r in recs for k, v in r.items() if k.startswith("time/") and isinstance(v, (int, float)))
+    """The run's RL wall time from its own step timings (rollout, learner, sync, eval; ``time/env`` is part of the
+    rollout's): also right for a reused run."""
+    return sum(r[k] for r in recs for k in WALL_KEYS if isinstance(r.get(k), (int, float)))
+
+
+def _run_cpu_seconds(recs: list[dict]) -> float:
+    """The CPU seconds of the run's rollouts and learner (the trainer process, all its threads); nan where its records
+    do not have them."""
+    vals = [r[k] for r in recs for k in CPU_KEYS if isinstance(r.get(k), (int, float))]
+    return sum(vals) if vals else float("nan")
 
 
 def _fwd_per_step(recs: list[dict]) -> float:
@@ -375,6 +387,7 @@ def summarize(runs: dict, threshold: float) -> dict:
             "reached_threshold": sum(x is not None for x in reach), "seeds": len(seed_runs),
             "late_regression": _mean([b - f for b, f in zip(bests, finals)]),
             "wall_s": _mean([_run_seconds(r) for r in seed_runs]),
+            "cpu_s": _mean([_run_cpu_seconds(r) for r in seed_runs]),
             "learner_forward_passes_per_step": _fwd_per_step([x for r in seed_runs for x in r]),
             "abs_delta_mean": _mean([x.get("mismatch/abs_delta_mean") for r in seed_runs for x in r]),
             "k3": _mean([x.get("mismatch/k3") for r in seed_runs for x in r]),
@@ -523,8 +536,9 @@ def pooled_contrast_line(c: dict | None) -> str:
 
 def markdown_table(summary: dict, threshold: float) -> str:
     head = ("| arm | seeds | final step | success before | final success (mean ± sample SD) | 95% CI (t over seeds) | best | steps to "
-            f"{threshold:.2f} | late regression | learner fwd/step | mean abs delta | budget binds | wall s |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            f"{threshold:.2f} | late regression | learner fwd/step | mean abs delta | budget binds | wall s | "
+            "CPU s (rollout + learner) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = []
     for arm, s in summary.items():
         reach = "never" if s["steps_to_threshold"] is None else f"{s['steps_to_threshold']:.1f} ({s['reached_threshold']}/{s['seeds']})"
@@ -532,11 +546,13 @@ def markdown_table(summary: dict, threshold: float) -> str:
         steps = sorted(set(s.get("final_steps") or []))
         bound = s.get("budget_bound_frac")
         sd = "n/a" if s["seeds"] < 2 else f"{s['success_final_std']:.3f}"  # one seed has no sample SD
+        cpu = s.get("cpu_s", math.nan)
         rows.append(f"| {arm} | {s['seeds']} | {'/'.join(map(str, steps))} | {s['success_before']:.3f} | "
                     f"{s['success_final_mean']:.3f} ± {sd} | {ci} | "
                     f"{s['success_best']:.3f} | {reach} | {s['late_regression']:.3f} | "
                     f"{s['learner_forward_passes_per_step']:.1f} | {s['abs_delta_mean']:.4f} | "
-                    f"{'-' if bound is None or math.isnan(bound) else f'{bound:.2f}'} | {s['wall_s']:.0f} |")
+                    f"{'-' if bound is None or math.isnan(bound) else f'{bound:.2f}'} | {s['wall_s']:.0f} | "
+                    f"{'-' if math.isnan(cpu) else f'{cpu:.0f}'} |")
     return head + "\n".join(rows) + "\n"
 
 
@@ -814,7 +830,7 @@ def demo_main(argv: list[str]) -> int:
     for arm, s in summary.items():
         result[arm] = {"success_before": round(s["success_before"], 4), "success_after": round(s["success_final_mean"], 4),
                        "gain_ci95": gains[arm]["ci95"] if gains[arm] else None, "eval_episodes": s["eval_episodes"],
-                       "wall_s": round(s["wall_s"], 1),
+                       "wall_s": round(s["wall_s"], 1), "cpu_s": _rounded(s["cpu_s"], 1),
                        "learner_forward_passes_per_step": round(s["learner_forward_passes_per_step"], 3)}
     (out / "summary.json").write_text(json.dumps({"summary": summary, "gains": gains, "result": result}, indent=1,
                                                  default=str))
@@ -949,6 +965,7 @@ def compare_main(argv: list[str]) -> int:
                                          "ci95_episodes": None if s["ci95_episodes"] is None else _rounded(s["ci95_episodes"]),
                                          "best": round(s["success_best"], 4),
                                          "late_regression": round(s["late_regression"], 4), "seeds": s["seeds"],
+                                         "wall_s": round(s["wall_s"], 1), "cpu_s": _rounded(s["cpu_s"], 1),
                                          "final_steps": s["final_steps"],
                                          "learner_forward_passes_per_step": round(s["learner_forward_passes_per_step"], 3)}
                                      for a, s in summary.items()}
