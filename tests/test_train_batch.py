@@ -217,3 +217,12 @@ def test_the_per_turn_loop_drops_a_cut_action_and_build_batch_trains_every_recei
     batch = rl.build_batch(eps, cfg.algo, pad)
     for b, i in enumerate(batch.row_episode):
         assert bool(batch.action_mask[b].any()), f"row {b} (episode {i}) has a received action and must be trained"
+
+
+def test_the_warm_start_says_its_size_before_the_first_step(tmp_path):
+    """A pretrained model's first fine-tuning step can take minutes on a CPU: the size of a step is said before it."""
+    lines: list[str] = []
+    prepare_policy(build_config("bf16", TOY + ["warm_start.steps=2"]), tmp_path / "p", log=lines.append)
+    first = next(i for i, line in enumerate(lines) if line.startswith("[warm start]"))
+    assert "2 steps of 8 of" in lines[first] and "tokens a step" in lines[first]
+    assert lines[first + 1].startswith("[warm start] step 1/2")

@@ -82,6 +82,11 @@ def _prepare_policy(cfg: RunConfig, out_dir: Path, fresh: bool, log) -> tuple[Pa
     if w.enabled and w.steps > 0:
         fmt = chat_format(tokenizer)
         rows = demo_rows(demos[: w.num_demos], fmt, tokenizer, cfg.algo.layout)
+        per_step = min(w.episodes_per_microbatch, len(rows))
+        row_tokens = sum(len(ids) for ids, _ in rows) / max(len(rows), 1)
+        log(f"[warm start] {w.steps} steps of {per_step} of {len(rows)} demonstration rows, about "
+            f"{per_step * row_tokens:,.0f} tokens a step ({summary['policy']['parameters']:,} "
+            "parameters): the first progress line comes after the first step")
         last = [0.0]
 
         def progress(step: int, m: dict) -> None:
