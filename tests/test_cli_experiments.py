@@ -246,6 +246,37 @@ def test_a_runs_wall_time_sums_its_phases_and_its_cpu_time_is_apart():
     assert rows[2].endswith("| 25 | 13 |") and rows[3].endswith("| 25 | - |")
 
 
+def test_the_learning_difference_is_the_paired_mean_over_evaluations_after_step_zero():
+    """Against a naive loop: per seed, the mean over steps > 0 of A's held-out success minus B's, then a paired t
+    over the seeds both arms have; a run evaluated at other steps leaves no learning row."""
+    import statistics
+
+    from interq.train.experiments import learning_difference, paired_differences, paired_table
+    from interq.train.stats import student_t_quantile
+
+    def run(curve):  # held-out success at steps 0, 50, 100, 150
+        return [{"step": 50 * i, "eval/success": x, "eval/outcomes": "1" * round(4 * x) + "0" * (4 - round(4 * x))}
+                for i, x in enumerate(curve)]
+
+    a = {0: [0.5, 0.75, 0.75, 1.0], 1: [0.5, 0.5, 1.0, 1.0], 2: [0.5, 0.5, 0.5, 0.75], 3: [0.5, 1.0, 1.0, 1.0]}
+    b = {0: [0.5, 0.5, 0.75, 0.75], 1: [0.5, 0.5, 0.5, 1.0], 2: [0.5, 0.5, 0.5, 0.5], 4: [0.0, 0.0, 0.0, 0.0]}
+    runs = {"q-interq": [run(c) for c in a.values()], "q-align": [run(c) for c in b.values()]}
+    seeds = {"q-interq": list(a), "q-align": list(b)}
+    d = learning_difference(runs, seeds, "q-interq", "q-align")
+    naive = [sum(x - y for x, y in zip(a[s][1:], b[s][1:])) / 3 for s in (0, 1, 2)]  # seed 3 and 4: one arm only
+    assert d["per_seed"] == pytest.approx(naive) and d["diff"] == pytest.approx(statistics.mean(naive))
+    half = student_t_quantile(0.975, 2) * statistics.stdev(naive) / 3 ** 0.5
+    assert d["ci95_paired_t"] == pytest.approx([statistics.mean(naive) - half, statistics.mean(naive) + half])
+    assert d["steps"] == [50, 100, 150] and d["seeds"] == 3
+    assert d["by_step"] == pytest.approx([sum(a[s][i] - b[s][i] for s in (0, 1, 2)) / 3 for i in (1, 2, 3)])
+    assert d["diff"] > 0 and d["p_sign_flip"] == 0.25  # all three seeds positive: the smallest exact p of 3 seeds
+    pair = paired_differences(runs, seeds)["q-interq - q-align"]
+    assert pair["learning"]["per_seed"] == d["per_seed"]
+    assert "evaluations at steps 50, 100, 150" in paired_table({"q-interq - q-align": pair})
+    runs["q-align"][0] = runs["q-align"][0][:2] + runs["q-align"][0][3:]  # seed 0 of B not evaluated at step 100
+    assert learning_difference(runs, seeds, "q-interq", "q-align") is None
+
+
 def test_budget_trend_fits_success_against_log_budget_over_common_seeds():
     from interq.train.experiments import budget_trend, budget_trend_line
 
