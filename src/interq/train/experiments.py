@@ -396,12 +396,10 @@ def summarize(runs: dict, threshold: float) -> dict:
     return out
 
 
-def _aligned_finals(runs: dict, seeds: dict | None, arms: list[str]) -> tuple[list[int] | None, dict] | None:
-    """The final held-out outcomes of ``arms`` over the seeds all of them have (``seeds[arm]``: the seed of each of
-    ``runs[arm]``, in order; without it, runs are paired by position and every arm needs as many), so that episode i
-    of seed s is the same task and sampling seed in every arm. -> (the common seeds, or None when paired by
-    position; ``{arm: [outcomes per seed]}``), or None when there is no run in common, a run did not log its outcomes,
-    or the runs' final steps or held-out sets differ (a partial run)."""
+def _runs_of_common_seeds(runs: dict, seeds: dict | None, arms: list[str]) -> tuple[list[int] | None, dict] | None:
+    """The runs of ``arms`` over the seeds all of them have (``seeds[arm]``: the seed of each of ``runs[arm]``, in
+    order; without it, runs are paired by position and every arm needs as many). -> (the common seeds, or None when
+    paired by position; ``{arm: [runs per seed]}``), or None when there is no run in common."""
     if seeds is not None and all(a in seeds for a in arms):
         common = sorted(set.intersection(*(set(seeds[a]) for a in arms)))
         picked = {a: [dict(zip(seeds[a], runs.get(a) or []))[x] for x in common] for a in arms}
@@ -409,8 +407,19 @@ def _aligned_finals(runs: dict, seeds: dict | None, arms: list[str]) -> tuple[li
         common, picked = None, {a: runs.get(a) or [] for a in arms}
         if len({len(v) for v in picked.values()}) != 1:
             return None
-    if not picked[arms[0]]:
+    return (common, picked) if picked[arms[0]] else None
+
+
+def _aligned_finals(runs: dict, seeds: dict | None, arms: list[str]) -> tuple[list[int] | None, dict] | None:
+    """The final held-out outcomes of ``arms`` over the seeds all of them have (``seeds[arm]``: the seed of each of
+    ``runs[arm]``, in order; without it, runs are paired by position and every arm needs as many), so that episode i
+    of seed s is the same task and sampling seed in every arm. -> (the common seeds, or None when paired by
+    position; ``{arm: [outcomes per seed]}``), or None when there is no run in common, a run did not log its outcomes,
+    or the runs' final steps or held-out sets differ (a partial run)."""
+    matched = _runs_of_common_seeds(runs, seeds, arms)
+    if matched is None:
         return None
+    common, picked = matched
     finals = {a: [(_evals(r)[-1][0], _final_outcomes(r)) for r in picked[a]] for a in arms}
     every = [f for a in arms for f in finals[a]]
     if any(o is None for _, o in every) or len({st for st, _ in every}) != 1 or len({len(o) for _, o in every}) != 1:
@@ -468,18 +477,14 @@ def learning_difference(runs: dict, seeds: dict | None, a: str, b: str) -> dict 
     them after step 0."""
     from interq.train.stats import paired_t_over_seeds
 
-    if seeds is not None and a in seeds and b in seeds:
-        common = sorted(set(seeds[a]) & set(seeds[b]))
-        pairs = [(dict(zip(seeds[a], runs[a]))[s], dict(zip(seeds[b], runs[b]))[s]) for s in common]
-    elif len(runs.get(a) or []) == len(runs.get(b) or []):
-        pairs = list(zip(runs.get(a) or [], runs.get(b) or []))
-    else:
+    matched = _runs_of_common_seeds(runs, seeds, [a, b])
+    if matched is None:
         return None
-    curves = [(_evals(ra), _evals(rb)) for ra, rb in pairs]
+    curves = [(_evals(ra), _evals(rb)) for ra, rb in zip(matched[1][a], matched[1][b])]
     steps = [[st for st, _ in c] for pair in curves for c in pair]
-    if not curves or any(st != steps[0] for st in steps) or not [st for st in steps[0] if st > 0]:
-        return None
     later = [i for i, st in enumerate(steps[0]) if st > 0]
+    if any(st != steps[0] for st in steps) or not later:
+        return None
     per_seed = [sum(ca[i][1] - cb[i][1] for i in later) / len(later) for ca, cb in curves]
     t = paired_t_over_seeds(per_seed)
     return {"diff": t["diff"], "ci95_paired_t": _rounded(t["ci95"], None), "p_sign_flip": t["p_sign_flip"],
